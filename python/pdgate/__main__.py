@@ -1,0 +1,7 @@
+"""``python -m pdgate`` == the ``pdgate`` command."""
+
+import sys
+
+from pdgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,164 @@
+"""The FastAPI application: OpenAI-compatible endpoints over a P/D fleet.
+
+Endpoints:
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming (SSE,
+  ``text/event-stream``) and non-streaming, routed by :class:`PDProxy`.
+- ``GET /v1/models``: the union of the fleet's models.
+- ``GET /health``: gateway liveness plus the fleet's view.
+- ``GET /metrics``: Prometheus text format.
+
+Every error is OpenAI error JSON with the right status; nothing the gateway
+raises escapes as a bare 500 page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pdgate import __version__
+from pdgate.config import GatewayConfig
+from pdgate.fleet import Fleet
+from pdgate.gateway.errors import GatewayError, error_response
+from pdgate.gateway.proxy import PDProxy
+from pdgate.gateway.validation import parse_body, request_id_from_header, validate_request
+from pdgate.metrics import GatewayMetrics
+
+log = logging.getLogger("pdgate.gateway")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """Read the request body, refusing more than ``limit`` bytes.
+
+    Raises:
+        GatewayError(413): declared or actual size above ``limit``.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise GatewayError(413, f"request body over {limit} bytes")
+        except ValueError:
+            raise GatewayError(400, "invalid Content-Length header") from None
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise GatewayError(413, f"request body over {limit} bytes")
+    return bytes(chunks)
+
+
+def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """Build the gateway app for ``config``.
+
+    Args:
+        config: validated gateway configuration.
+        transport: optional httpx transport for the upstream client (tests).
+
+    Returns:
+        A FastAPI app; run it with uvicorn. ``app.state`` holds ``fleet``,
+        ``metrics`` and (while running) ``proxy``.
+    """
+    fleet = Fleet.from_config(config)
+    metrics = GatewayMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        async with httpx.AsyncClient(limits=limits, transport=transport,
+                                     timeout=httpx.Timeout(60.0)) as client:
+            app.state.client = client
+            app.state.proxy = PDProxy(config, fleet, metrics, client)
+            yield
+
+    app = FastAPI(title="pdgate", version=__version__, lifespan=lifespan)
+    app.state.config = config
+    app.state.fleet = fleet
+    app.state.metrics = metrics
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, str(exc.errors()))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error: %r", exc)
+        return error_response(500, "internal gateway error")
+
+    async def _serve(request: Request, endpoint: str) -> Response:
+        arrival = time.monotonic()
+        request_id = request_id_from_header(request.headers.get("x-request-id"))
+        try:
+            body = parse_body(await _read_body(request, config.max_body_bytes))
+            validate_request(endpoint, body)
+        except GatewayError:
+            metrics.requests.labels("none", "client_error").inc()
+            raise
+        proxy: PDProxy = request.app.state.proxy
+        resp = await proxy.handle(endpoint, body, dict(request.headers), request_id, arrival)
+        resp.headers.setdefault("X-Request-Id", request_id)
+        return resp
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(request, "chat/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        client: httpx.AsyncClient = request.app.state.client
+
+        async def fetch(url: str) -> list[dict[str, object]]:
+            try:
+                r = await client.get(f"{url}/v1/models", timeout=5.0)
+                data = r.json().get("data", []) if r.status_code == 200 else []
+                return [m for m in data if isinstance(m, dict) and "id" in m]
+            except (httpx.HTTPError, ValueError):
+                return []
+
+        results = await asyncio.gather(*(fetch(i.url) for i in fleet.instances))
+        merged: dict[str, dict[str, object]] = {}
+        for data in results:
+            for m in data:
+                merged.setdefault(str(m["id"]), m)
+        if not merged:
+            raise GatewayError(503, "no instance answered /v1/models")
+        return JSONResponse({"object": "list", "data": list(merged.values())})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({
+            "status": "ok",
+            "version": __version__,
+            "instances": [
+                {"url": i.url, "role": i.role, "healthy": i.healthy, "in_flight": i.in_flight}
+                for i in fleet.instances
+            ],
+        })
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        data, ctype = metrics.render()
+        return Response(content=data, media_type=ctype)
+
+    return app

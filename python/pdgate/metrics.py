@@ -1,0 +1,68 @@
+"""Prometheus metrics of the gateway (``GET /metrics``).
+
+Names follow ``pdgate_<what>_<unit>``. Every gateway app owns a
+:class:`GatewayMetrics` with its own ``CollectorRegistry``, so several gateways
+can live in one process (tests) without clashing.
+
+TTFT and TPOT are measured as the gateway sees them, with the definitions of
+vLLM's ``benchmarks/serve.py``: TTFT = first content chunk time - request
+arrival; TPOT = (end - first token) / (output tokens - 1).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Seconds; spans CPU test fleets (10 ms-60 s) and GPU fleets (ms).
+_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+class GatewayMetrics:
+    """All metrics of one gateway instance.
+
+    Attributes:
+        requests: ``pdgate_requests_total{route,outcome}``; route is
+            ``pd`` (prefill + decode), ``decode_only`` (fallback or no prefill
+            pool) or ``none`` (refused before routing); outcome is ``success``,
+            ``client_error``, ``upstream_error``, ``cancelled``.
+        ttft: ``pdgate_time_to_first_token_seconds`` (streaming requests).
+        tpot: ``pdgate_time_per_output_token_seconds`` (streaming, > 1 token).
+        e2e: ``pdgate_request_duration_seconds`` (all requests).
+        in_flight: ``pdgate_instance_requests_in_flight{instance,role}``.
+        prefill_fallbacks: ``pdgate_prefill_fallbacks_total{reason}``: the
+            decode instance computed the prompt itself.
+        dropped_kv_params: ``pdgate_client_kv_transfer_params_dropped_total``.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("pdgate_requests", "Requests handled, by route and outcome.",
+                                ["route", "outcome"], registry=r)
+        self.ttft = Histogram("pdgate_time_to_first_token_seconds",
+                              "Time from request arrival to the first streamed token, seconds.",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("pdgate_time_per_output_token_seconds",
+                              "Mean time per output token after the first, seconds.",
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("pdgate_request_duration_seconds",
+                             "Time from request arrival to the end of its response, seconds.",
+                             buckets=_TTFT_BUCKETS, registry=r)
+        self.in_flight = Gauge("pdgate_instance_requests_in_flight",
+                               "Request legs in flight per instance (until the stream ends).",
+                               ["instance", "role"], registry=r)
+        self.prefill_fallbacks = Counter(
+            "pdgate_prefill_fallbacks",
+            "Requests the decode instance served whole because the prefill leg failed.",
+            ["reason"], registry=r)
+        self.dropped_kv_params = Counter(
+            "pdgate_client_kv_transfer_params_dropped",
+            "Client-supplied kv_transfer_params removed before forwarding.", registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        """Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

