@@ -83,11 +83,21 @@ def test_gateway_matches_single_server(vllm_fleet: LocalFleet, n: int) -> None:
     assert "kv_transfer_params" not in got or not got["kv_transfer_params"]
 
 
+def _counter(metrics: str, prefix: str) -> float:
+    """Sum of the samples of a counter whose line starts with ``prefix``."""
+    return sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith(prefix))
+
+
 def test_pd_route_really_taken(vllm_fleet: LocalFleet) -> None:
-    """The requests above went prefill -> decode, not through the fallback."""
-    metrics = httpx.get(vllm_fleet.gateway_url + "/metrics").text
-    assert 'pdgate_requests_total{outcome="success",route="pd"}' in metrics
-    assert "pdgate_prefill_fallbacks_total{" not in metrics
+    """A request goes prefill -> decode, not through the fallback (that decode
+    really uses the pulled KV is shown by test_decode_uses_transferred_kv)."""
+    url = vllm_fleet.gateway_url
+    before = httpx.get(url + "/metrics").text
+    complete(url, body(prompt_ids(200, seed=11)))
+    after = httpx.get(url + "/metrics").text
+    pd = 'pdgate_requests_total{outcome="success",route="pd"}'
+    assert _counter(after, pd) == _counter(before, pd) + 1
+    assert _counter(after, "pdgate_prefill_fallbacks_total{") == _counter(before, "pdgate_prefill_fallbacks_total{")
 
 
 @pytest.mark.parametrize("n", [40, 300])

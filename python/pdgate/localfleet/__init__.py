@@ -23,13 +23,10 @@ from pathlib import Path
 import httpx
 
 from pdgate.localfleet.tiny_model import build_tiny_model
-from pdgate.localfleet.vllm_server import VllmServer, VllmServerSpec, free_port
+from pdgate.localfleet.vllm_server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, free_port
 
-__all__ = ["LocalFleet", "build_tiny_model", "default_model_dir", "VllmServer", "VllmServerSpec",
+__all__ = ["SERVED_MODEL_NAME", "LocalFleet", "build_tiny_model", "default_model_dir", "VllmServer", "VllmServerSpec",
            "free_port"]
-
-#: The model name the local fleet serves.
-SERVED_MODEL_NAME = "tiny-llama"
 
 
 def default_model_dir() -> Path:

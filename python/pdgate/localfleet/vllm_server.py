@@ -22,6 +22,9 @@ from pathlib import Path
 
 import httpx
 
+#: The model name local fleet servers serve (``--served-model-name``).
+SERVED_MODEL_NAME = "tiny-llama"
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port that was free on ``host`` at the time of the call."""
@@ -75,7 +78,7 @@ class VllmServerSpec:
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model_dir,
-            "--served-model-name", "tiny-llama",
+            "--served-model-name", SERVED_MODEL_NAME,
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--dtype", "float32",
