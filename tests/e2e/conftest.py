@@ -21,3 +21,9 @@ def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> LocalFleet:
     fleet.start()
     yield fleet
     fleet.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run tests that break the shared fleet (``@pytest.mark.fleet_destructive``,
+    e.g. killing the prefill instance) after every other test of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("fleet_destructive") is not None)

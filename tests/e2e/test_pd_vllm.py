@@ -6,7 +6,7 @@ greedy output depends on the whole prompt, and that the decode instance really
 uses the KV cache it pulled (feeding it another prompt's KV changes the
 answer), so equality is evidence of a correct KV transfer.
 
-Order matters: the last test kills the prefill instance.
+The prefill-kill test is marked fleet_destructive: conftest runs it last.
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ def test_models_and_health(vllm_fleet: LocalFleet) -> None:
     assert httpx.get(vllm_fleet.gateway_url + "/health").status_code == 200
 
 
+@pytest.mark.fleet_destructive
 def test_prefill_stopped_mid_run_falls_back(vllm_fleet: LocalFleet) -> None:
     """Kill the prefill instance while requests are in flight: every request
     still gets the right answer, the decode instance computing the prompt."""
