@@ -66,6 +66,7 @@ class LocalFleet:
         self.model_dir = Path(model_dir) if model_dir else default_model_dir()
         self.max_model_len = max_model_len
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="pdgate-fleet-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.with_gateway = gateway
         self.gateway_args = list(gateway_args or [])
         self.ready_timeout_s = ready_timeout_s
