@@ -32,6 +32,7 @@ class FakeBehaviour:
     hang_s: float = 0.0          # sleep before answering
     die_after_tokens: int | None = None  # break the stream after N tokens
     token_delay_s: float = 0.0
+    waiting: int = 0             # vllm:num_requests_waiting reported on /metrics
 
 
 @dataclass
@@ -44,6 +45,7 @@ class FakeInstance:
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
     running_streams: int = 0
+    tokenize_calls: int = 0
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
@@ -123,6 +125,23 @@ class FakeInstance:
         async def health() -> Any:
             return {}
 
+        @app.get("/metrics")
+        async def metrics() -> Any:
+            from fastapi.responses import PlainTextResponse
+
+            return PlainTextResponse(
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="fake"}} {me.running_streams}\n'
+                f'vllm:num_requests_waiting{{engine="0",model_name="fake"}} {me.behaviour.waiting}\n'
+                'vllm:kv_cache_usage_perc{engine="0",model_name="fake"} 0.25\n')
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> Any:
+            body = await request.json()
+            me.tokenize_calls += 1
+            text = body.get("prompt") if "prompt" in body else json.dumps(body.get("messages"))
+            return {"count": len(str(text).split()), "max_model_len": 4096, "tokens": []}
+
         return app
 
     def start(self) -> "FakeInstance":
@@ -158,3 +177,40 @@ def serve_app_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str
             raise RuntimeError("server did not start")
         time.sleep(0.01)
     return server, thread, f"http://127.0.0.1:{port}"
+
+
+# -- fixed fleet snapshots for policy unit tests ------------------------------
+
+def snapshot_fleet(n_prefill: int = 2, n_decode: int = 2, pools: dict[str, Any] | None = None,
+                   pool_of: dict[str, str] | None = None) -> Any:
+    """A :class:`pdgate.fleet.Fleet` of ``p0..`` / ``d0..`` instances (no servers)."""
+    from pdgate.config import PoolRange
+    from pdgate.fleet import Fleet, Instance
+
+    pool_of = pool_of or {}
+    insts = [Instance(url=f"http://p{i}:1", role="prefill", pool=pool_of.get(f"p{i}"))
+             for i in range(n_prefill)]
+    insts += [Instance(url=f"http://d{i}:1", role="decode", pool=pool_of.get(f"d{i}"))
+              for i in range(n_decode)]
+    return Fleet(insts, {k: PoolRange.model_validate(v) for k, v in (pools or {}).items()})
+
+
+def route_context(fleet: Any, prefill_policy: str = "least_load", decode_policy: str = "least_load",
+                  **cfg: Any) -> Any:
+    """A :class:`pdgate.policies.RouteContext` over ``fleet`` with a config built from ``cfg``."""
+    from pdgate.config import GatewayConfig
+    from pdgate.policies import RouteContext, create_policy
+    from pdgate.predictor import LatencyPredictor
+
+    config = GatewayConfig(decode=["http://unused:1"], **cfg)
+    return RouteContext(fleet, create_policy(prefill_policy, config=config),
+                        create_policy(decode_policy, config=config),
+                        LatencyPredictor.from_config(config.predictor), config)
+
+
+def request(tokens: int, rid: str = "r", prompt: Any = None, **kw: Any) -> Any:
+    """A :class:`pdgate.policies.RequestInfo` of ``tokens`` prompt tokens."""
+    from pdgate.policies import RequestInfo
+
+    body = {"model": "m", "prompt": prompt if prompt is not None else [7] * tokens, "max_tokens": 16}
+    return RequestInfo(request_id=rid, endpoint="completions", body=body, prompt_tokens=tokens, **kw)

@@ -122,3 +122,117 @@ class AdmissionQueue:
         """Counters and per-lane state."""
     def __len__(self) -> int:
         """Number of waiting entries."""
+
+# --- transfer ---
+# KV block transfer engine over UCX (rust/pdgate-py/src/transfer.rs).
+
+__all__ += ["TransferEngine", "fetch_metadata", "compat_hash"]
+
+class _Notification(TypedDict):
+    peer: str
+    msg: bytes
+    released_lease: str | None
+
+@final
+class TransferEngine:
+    """KV block transfer engine over UCX (one-sided GET/PUT, zero-copy).
+
+    A progress thread owns the UCX worker; no method does UCX work under the
+    GIL. Sizes are bytes, times seconds. ``pdgate.transfer.create_engine``
+    finds UCX in the libucx-cu12 wheel.
+
+    Raises ``TransportError`` if UCX cannot be loaded or started,
+    ``InvalidArgumentError`` for a bad engine_id or UCX option.
+    """
+
+    def __new__(
+        cls,
+        engine_id: str,
+        compat: str = "",
+        *,
+        ucp_lib: str | None = None,
+        transports: str | None = None,
+        ucx_options: dict[str, str] | None = None,
+        lease_slots: int = 4096,
+    ) -> TransferEngine: ...
+    @property
+    def engine_id(self) -> str:
+        """This engine's id."""
+    @property
+    def ucx_version(self) -> str:
+        """Version of the loaded UCX, e.g. "1.22.0"."""
+    def register(
+        self,
+        addr: int,
+        length: int,
+        block_len: int,
+        block_stride: int = 0,
+        block_count: int = 0,
+        mem_type: str = "host",
+    ) -> int:
+        """Register caller-owned memory holding blocks; returns the region id.
+        Raises InvalidArgumentError / TransportError."""
+    def deregister(self, region: int) -> None:
+        """Unregister. Raises NotFoundError, InvalidArgumentError (in use)."""
+    def metadata(self) -> bytes:
+        """Serialized metadata for peers."""
+    def add_peer(self, metadata: bytes) -> str:
+        """Validate and connect; returns the peer's engine id. Raises
+        RejectedMetadataError, PeerUnreachableError."""
+    def connect(self, addr: str, timeout_s: float = 5.0) -> str:
+        """fetch_metadata(addr) + add_peer. Raises PeerUnreachableError,
+        TransferTimeoutError, RejectedMetadataError."""
+    def remove_peer(self, peer: str) -> None:
+        """Disconnect a peer. Raises NotFoundError."""
+    def read_blocks(
+        self,
+        peer: str,
+        local_blocks: list[int],
+        remote_blocks: list[int],
+        *,
+        regions: list[int] | None = None,
+        remote_regions: list[int] | None = None,
+        notify: bytes | str | None = None,
+        lease: bytes | None = None,
+        timeout_s: float = 30.0,
+    ) -> int:
+        """Pull blocks; returns a transfer id. Raises BlockOutOfRangeError,
+        NotFoundError, PeerUnreachableError, InvalidArgumentError."""
+    def write_blocks(
+        self,
+        peer: str,
+        local_blocks: list[int],
+        remote_blocks: list[int],
+        *,
+        regions: list[int] | None = None,
+        remote_regions: list[int] | None = None,
+        notify: bytes | str | None = None,
+        timeout_s: float = 30.0,
+    ) -> int:
+        """Push blocks; returns a transfer id (same errors as read_blocks)."""
+    def poll(self) -> tuple[list[int], list[tuple[int, PdgateError]]]:
+        """Finished transfers since the last call: (done, [(id, error)])."""
+    def wait(self, xfer_id: int, timeout_s: float | None = None) -> None:
+        """Block until the transfer finishes; raises its error."""
+    def get_notifications(self) -> list[_Notification]:
+        """Notifications received since the last call."""
+    def grant_lease(self, request_id: str, ttl_s: float) -> bytes:
+        """Owner side: pin a request's blocks; returns the lease token."""
+    def release_lease(self, request_id: str) -> bool:
+        """Owner side: end a lease now; True if it was held."""
+    def expired_leases(self) -> list[str]:
+        """Owner side: request ids whose leases expired since the last call."""
+    def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Serve metadata over TCP; returns the bound port."""
+    def event_fd(self) -> int:
+        """Readable when transfers finish or notifications arrive."""
+    def drain_event_fd(self) -> None:
+        """Empty the event fd."""
+    def close(self) -> None:
+        """Stop the engine (idempotent)."""
+
+def fetch_metadata(addr: str, timeout_s: float = 5.0) -> bytes:
+    """Fetch a peer's metadata from its listen address ("host:port")."""
+
+def compat_hash(desc: str) -> int:
+    """64-bit hash of a KV layout description."""

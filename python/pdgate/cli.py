@@ -30,11 +30,14 @@ def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level argument parser (subcommands: ``serve``)."""
+    """The top-level argument parser (subcommands: ``serve``, ``sim-fleet``)."""
     parser = argparse.ArgumentParser(prog="pdgate", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"pdgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    from pdgate.sim.cli import add_parser as _sim_fleet_parser
+
+    _sim_fleet_parser(sub)
     return parser
 
 
@@ -72,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "sim-fleet":
+        from pdgate.sim.cli import run as cmd_sim_fleet
+
+        return cmd_sim_fleet(args)
     return 2  # pragma: no cover - argparse enforces the subcommand
 
 

@@ -3,6 +3,17 @@
 A config comes from, lowest precedence first: defaults, a YAML/JSON file
 (``pdgate serve --config FILE``), command-line flags. :func:`load_config`
 merges them and validates the result.
+
+Routing is configured in three layers (see :mod:`pdgate.policies`):
+
+- ``prefill_policy`` / ``decode_policy``: which instance of a role serves a
+  leg (``round_robin``, ``least_load``, ``power_of_two``, ``prefix_aware``),
+  as vllm-router's ``--prefill-policy`` / ``--decode-policy``;
+- ``route_policy``: what shape the request takes (``pd``: prefill then
+  decode; ``dedicated``: context-length pools; ``deflection``: Kairos-style
+  prefill on a decode instance; ``goodput``: least predicted SLO violation);
+- ``admission_policy``: whether prefill legs wait in the Rust admission
+  queue first (``none``, ``request_parallel``, ``priority``).
 """
 
 from __future__ import annotations
@@ -16,18 +27,23 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Role = Literal["prefill", "decode", "both"]
 
 
-class InstanceConfig(BaseModel):
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InstanceConfig(_Strict):
     """One vLLM instance behind the gateway.
 
     Attributes:
         url: base URL, e.g. ``http://10.0.0.5:8000`` (no trailing ``/v1``).
         role: ``prefill``, ``decode`` or ``both``.
+        pool: name of the context-length pool (see ``GatewayConfig.pools``)
+            this instance belongs to, or ``None`` (serves every length).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     url: str
     role: Role
+    pool: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -40,7 +56,17 @@ class InstanceConfig(BaseModel):
         return v
 
 
-class TimeoutsConfig(BaseModel):
+class PoolRange(_Strict):
+    """Prompt lengths a pool serves: ``min_tokens <= n < max_tokens`` (``None`` = no bound)."""
+
+    min_tokens: int = Field(default=0, ge=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+
+    def contains(self, n: int) -> bool:
+        return n >= self.min_tokens and (self.max_tokens is None or n < self.max_tokens)
+
+
+class TimeoutsConfig(_Strict):
     """Timeouts in seconds for the legs of a request.
 
     Attributes:
@@ -51,39 +77,192 @@ class TimeoutsConfig(BaseModel):
         decode_idle_s: longest gap between two chunks of a decode stream.
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     connect_s: float = Field(default=5.0, gt=0)
     prefill_s: float = Field(default=600.0, gt=0)
     decode_first_byte_s: float = Field(default=600.0, gt=0)
     decode_idle_s: float = Field(default=300.0, gt=0)
 
 
-class GatewayConfig(BaseModel):
+class SloClass(_Strict):
+    """Latency targets of one SLO class, seconds."""
+
+    ttft_s: float = Field(default=2.0, gt=0)
+    tpot_s: float = Field(default=0.1, gt=0)
+
+
+class SloConfig(_Strict):
+    """SLO classes; a request picks one with ``header`` or the ``slo_class`` body field.
+
+    The body field is removed before forwarding (vLLM does not know it).
+    """
+
+    header: str = "x-slo-class"
+    default: str = "default"
+    classes: dict[str, SloClass] = Field(default_factory=lambda: {"default": SloClass()})
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> "SloConfig":
+        if self.default not in self.classes:
+            raise ValueError(f"default SLO class {self.default!r} not in classes {sorted(self.classes)}")
+        return self
+
+
+class RequestParallelConfig(_Strict):
+    """``request_parallel`` admission: per prefill instance at most
+    ``max_in_flight`` prefills, at most ``max_long`` of them longer than
+    ``long_threshold_tokens``; shorter ones pass queued long ones."""
+
+    max_in_flight: int = Field(default=4, ge=1)
+    max_long: int = Field(default=1, ge=1)
+    long_threshold_tokens: int = Field(default=10000, ge=1)
+
+
+class PriorityConfig(_Strict):
+    """``priority`` admission: lower value = more urgent (vLLM's convention).
+
+    Attributes:
+        header: request header carrying the priority (the body's integer
+            ``priority`` field wins when both are given).
+        default_priority: priority of a request that states none.
+        long_threshold_tokens / long_penalty: a prompt over the threshold
+            gets ``long_penalty`` added per threshold-multiple of tokens.
+        aging_rate: priority units gained per second of waiting.
+        max_wait_s: entries that waited longer go first (starvation bound).
+        max_in_flight: prefills in flight per prefill instance.
+        forward_to_vllm: send the (unpenalized) priority to vLLM in the body
+            (needs ``--scheduling-policy priority`` on the instances).
+    """
+
+    header: str = "x-priority"
+    default_priority: int = 0
+    long_threshold_tokens: int = Field(default=10000, ge=1)
+    long_penalty: int = Field(default=1, ge=0)
+    aging_rate: float = Field(default=1.0, ge=0)
+    max_wait_s: float | None = Field(default=10.0, gt=0)
+    max_in_flight: int = Field(default=4, ge=1)
+    forward_to_vllm: bool = False
+
+
+class DeflectionConfig(_Strict):
+    """Kairos prefill deflection (arXiv 2607.02043).
+
+    Attributes:
+        alpha: deflect when the decode instance's predicted TTFT is at most
+            ``alpha`` times the prefill path's.
+        min_prefill_wait_s: consider deflection only when the prefill path's
+            predicted queueing delay exceeds this (a burst); idle fleets use P/D.
+        max_prompt_tokens: never deflect longer prompts.
+    """
+
+    alpha: float = Field(default=1.3, gt=0)
+    min_prefill_wait_s: float = Field(default=0.0, ge=0)
+    max_prompt_tokens: int = Field(default=16384, ge=1)
+
+
+class GoodputConfig(_Strict):
+    """``goodput`` route policy knobs.
+
+    Attributes:
+        others_weight: weight of the predicted violations inflicted on
+            requests already decoding (per request slowed past its TPOT SLO).
+        allow_deflection: consider deflection options.
+        max_deflected_per_decode: deflected prefills in flight per decode instance.
+    """
+
+    others_weight: float = Field(default=0.5, ge=0)
+    allow_deflection: bool = True
+    max_deflected_per_decode: int = Field(default=1, ge=1)
+
+
+class PredictorConfig(_Strict):
+    """Latency predictor coefficients (see :mod:`pdgate.predictor`).
+
+    ``profile`` names a simulator profile (``pdgate.sim.profiles``) or a
+    YAML path whose coefficients seed the model; explicit fields below
+    override it. ``time_scale`` divides every time coefficient (a fleet
+    simulated ``time_scale`` times faster than real time). ``refit``
+    re-estimates them online from observed latencies.
+    """
+
+    profile: str | None = None
+    step_base_s: float | None = Field(default=None, ge=0)
+    prefill_token_s: float | None = Field(default=None, ge=0)
+    prefill_attn_s: float | None = Field(default=None, ge=0)
+    decode_seq_s: float | None = Field(default=None, ge=0)
+    decode_kv_token_s: float | None = Field(default=None, ge=0)
+    kv_bytes_per_token: int | None = Field(default=None, ge=0)
+    kv_transfer_bandwidth_Bps: float | None = Field(default=None, gt=0)
+    kv_transfer_latency_s: float | None = Field(default=None, ge=0)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    long_prefill_token_threshold: int | None = Field(default=None, ge=0)
+    time_scale: float = Field(default=1.0, gt=0)
+    refit: bool = True
+    refit_window: int = Field(default=512, ge=8)
+
+
+class TokenizerConfig(_Strict):
+    """How prompt tokens are counted (token-id prompts are always exact).
+
+    Attributes:
+        path: local tokenizer directory (Hugging Face format).
+        use_instance: ask an instance's ``/tokenize`` when no local tokenizer.
+        cache_size: prompts whose counts are cached (LRU).
+    """
+
+    path: str | None = None
+    use_instance: bool = False
+    cache_size: int = Field(default=4096, ge=0)
+
+
+class ScrapeConfig(_Strict):
+    """Scraping of each instance's ``/metrics``."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=0.1, gt=0, le=60)
+    stale_after_s: float = Field(default=1.0, gt=0)
+
+
+class GatewayConfig(_Strict):
     """The whole gateway configuration.
 
     Attributes:
-        prefill: prefill instance URLs.
-        decode: decode instance URLs (at least one).
+        prefill / decode: instance URLs by role.
+        prefill_pools / decode_pools: pool names of those instances, in the
+            same order (shorter lists leave the rest pool-less).
+        instances: more instances with explicit role (``both`` allowed) and pool.
+        pools: context-length pools by name (for ``dedicated``/``goodput``).
         host / port: where the gateway listens.
-        prefill_policy / decode_policy: routing policy names from
-            :mod:`pdgate.policies` (default ``round_robin``).
+        prefill_policy / decode_policy / route_policy / admission_policy:
+            routing policy names from :mod:`pdgate.policies`.
         timeouts: per-leg timeouts.
         max_body_bytes: request bodies above this are refused with 413.
-        metrics_interval_s: how often fleet ``/metrics`` are scraped (seconds).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     prefill: list[str] = Field(default_factory=list)
     decode: list[str] = Field(default_factory=list)
+    prefill_pools: list[str | None] = Field(default_factory=list)
+    decode_pools: list[str | None] = Field(default_factory=list)
+    instances_: list[InstanceConfig] = Field(default_factory=list, alias="instances")
+    pools: dict[str, PoolRange] = Field(default_factory=dict)
     host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=0, le=65535)
     prefill_policy: str = "round_robin"
     decode_policy: str = "round_robin"
+    route_policy: str = "pd"
+    admission_policy: str = "none"
+    request_parallel: RequestParallelConfig = Field(default_factory=RequestParallelConfig)
+    priority: PriorityConfig = Field(default_factory=PriorityConfig)
+    deflection: DeflectionConfig = Field(default_factory=DeflectionConfig)
+    goodput: GoodputConfig = Field(default_factory=GoodputConfig)
+    slo: SloConfig = Field(default_factory=SloConfig)
+    predictor: PredictorConfig = Field(default_factory=PredictorConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @field_validator("prefill", "decode")
     @classmethod
@@ -91,21 +270,36 @@ class GatewayConfig(BaseModel):
         return [InstanceConfig(url=u, role="both").url for u in v]
 
     @model_validator(mode="after")
-    def _need_decode(self) -> "GatewayConfig":
-        if not self.decode:
+    def _check(self) -> "GatewayConfig":
+        insts = self.instances()
+        if not any(i.role in ("decode", "both") for i in insts):
             raise ValueError("at least one decode instance is required (--decode URL)")
+        urls = [i.url for i in insts]
+        if len(set(urls)) != len(urls):
+            raise ValueError("an instance URL is listed twice")
+        for i in insts:
+            if i.pool is not None and i.pool not in self.pools:
+                raise ValueError(f"instance {i.url} names unknown pool {i.pool!r}")
         from pdgate.policies import available_policies
 
-        for name in (self.prefill_policy, self.decode_policy):
-            if name not in available_policies():
-                raise ValueError(f"unknown policy {name!r}; available: {sorted(available_policies())}")
+        for field, kind in (("prefill_policy", "instance"), ("decode_policy", "instance"),
+                            ("route_policy", "route"), ("admission_policy", "admission")):
+            name = getattr(self, field)
+            names = available_policies(kind)
+            if name not in names:
+                raise ValueError(f"unknown {field} {name!r}; available: {sorted(names)}")
         return self
 
     def instances(self) -> list[InstanceConfig]:
-        """All instances with their roles, prefill first."""
-        return [InstanceConfig(url=u, role="prefill") for u in self.prefill] + [
-            InstanceConfig(url=u, role="decode") for u in self.decode
-        ]
+        """All instances with their roles, prefill first, then decode, then ``instances``."""
+        def pool(pools: list[str | None], k: int) -> str | None:
+            return pools[k] if k < len(pools) else None
+
+        return ([InstanceConfig(url=u, role="prefill", pool=pool(self.prefill_pools, k))
+                 for k, u in enumerate(self.prefill)]
+                + [InstanceConfig(url=u, role="decode", pool=pool(self.decode_pools, k))
+                   for k, u in enumerate(self.decode)]
+                + list(self.instances_))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -1,16 +1,32 @@
-"""Fleet state as the gateway sees it: instances, their roles and load.
+"""Fleet state as the gateway sees it: instances, their roles, pools and load.
 
 The gateway keeps its own per-instance counters, updated on every dispatch and
 completion (a request counts against an instance until its response stream
-ends, not when headers arrive). Later policies read richer state from here.
+ends, not when headers arrive):
+
+- ``in_flight``: legs dispatched and not finished;
+- ``outstanding_prefill_tokens``: prompt tokens dispatched for prefill (a
+  prefill leg, or a deflected/decode-only request) and not yet prefilled;
+- ``decode_batch`` and ``kv_tokens``: requests decoding there and the KV
+  tokens they hold (prompt + tokens generated so far);
+- ``deflected_in_flight``: deflected prefills not yet past their first token.
+
+Scraped vLLM ``/metrics`` (:mod:`pdgate.state.scraper`) complement them in
+:attr:`Instance.scraped`, with the time of the last good scrape so policies
+can tell stale data (:meth:`Instance.scrape_fresh`).
+
+Everything runs on the gateway's event loop; the lock only guards the
+counters against use from other threads (tests, metrics rendering).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from pdgate.config import GatewayConfig, Role
+from pdgate.config import GatewayConfig, PoolRange, Role
 
 
 @dataclass
@@ -20,15 +36,34 @@ class Instance:
     Attributes:
         url: base URL (no ``/v1``).
         role: ``prefill``, ``decode`` or ``both``.
-        in_flight: requests (legs) dispatched to it and not yet finished.
+        pool: context-length pool name or ``None``.
+        in_flight: legs dispatched to it and not yet finished.
         healthy: last known health (instances marked unhealthy are skipped
             while any healthy candidate exists).
+        outstanding_prefill_tokens: prompt tokens queued or being prefilled.
+        prefill_jobs: request id -> prompt tokens of those prefills.
+        decode_batch: requests decoding on it.
+        decode_jobs: request id -> [KV tokens, TPOT SLO, output tokens] of those.
+        kv_tokens: KV tokens held by the decoding requests.
+        deflected_in_flight: deflected prefills not yet at their first token.
+        scraped: last scraped vLLM gauges (``num_requests_running``,
+            ``num_requests_waiting``, ``kv_cache_usage_perc``).
+        scraped_at: ``time.monotonic()`` of the last good scrape (0 = never).
     """
 
     url: str
     role: Role
+    pool: str | None = None
     in_flight: int = 0
     healthy: bool = True
+    outstanding_prefill_tokens: int = 0
+    prefill_jobs: dict[str, int] = field(default_factory=dict)
+    decode_batch: int = 0
+    kv_tokens: int = 0
+    decode_jobs: dict[str, list[Any]] = field(default_factory=dict)
+    deflected_in_flight: int = 0
+    scraped: dict[str, float] = field(default_factory=dict)
+    scraped_at: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def acquire(self) -> None:
@@ -41,17 +76,106 @@ class Instance:
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
 
+    # -- prefill work --------------------------------------------------------
+    def add_prefill(self, request_id: str, tokens: int) -> None:
+        """A prompt of ``tokens`` tokens was dispatched here for prefill."""
+        with self._lock:
+            tokens = max(0, int(tokens))
+            self.outstanding_prefill_tokens += tokens - self.prefill_jobs.get(request_id, 0)
+            self.prefill_jobs[request_id] = tokens
+
+    def done_prefill(self, request_id: str) -> None:
+        """That prompt is prefilled (or abandoned); idempotent."""
+        with self._lock:
+            n = self.prefill_jobs.pop(request_id, None)
+            if n is not None:
+                self.outstanding_prefill_tokens = max(0, self.outstanding_prefill_tokens - n)
+
+    # -- decode work ----------------------------------------------------------
+    def add_decode(self, request_id: str, kv_tokens: int, tpot_slo_s: float | None = None,
+                   output_tokens: int | None = None) -> None:
+        """Request ``request_id`` holding ``kv_tokens`` KV tokens starts decoding here.
+
+        ``tpot_slo_s`` is its time-per-output-token target (for TBT headroom),
+        ``output_tokens`` the tokens it may generate (``max_tokens``).
+        """
+        with self._lock:
+            if request_id in self.decode_jobs:
+                return
+            kv = max(0, int(kv_tokens))
+            self.decode_jobs[request_id] = [kv, tpot_slo_s, output_tokens]
+            self.decode_batch += 1
+            self.kv_tokens += kv
+
+    def grow_decode(self, request_id: str, tokens: int) -> None:
+        """A decoding request generated ``tokens`` more tokens."""
+        with self._lock:
+            job = self.decode_jobs.get(request_id)
+            if job is not None:
+                job[0] += tokens
+                self.kv_tokens += tokens
+
+    def done_decode(self, request_id: str) -> None:
+        """A decoding request finished; idempotent."""
+        with self._lock:
+            job = self.decode_jobs.pop(request_id, None)
+            if job is not None:
+                self.decode_batch = max(0, self.decode_batch - 1)
+                self.kv_tokens = max(0, self.kv_tokens - int(job[0]))
+
+    def decode_tpot_slos(self) -> list[float]:
+        """TPOT targets (seconds) of the requests decoding here that stated one."""
+        with self._lock:
+            return [float(j[1]) for j in self.decode_jobs.values() if j[1] is not None]
+
+    def decode_targets(self) -> list[tuple[float, int]]:
+        """(TPOT target, output tokens) of the decoding requests that stated both."""
+        with self._lock:
+            return [(float(j[1]), max(1, int(j[2]))) for j in self.decode_jobs.values()
+                    if j[1] is not None and j[2] is not None]
+
+    # -- scraped state ---------------------------------------------------------
+    def scrape_fresh(self, stale_after_s: float, now: float | None = None) -> bool:
+        """Whether the scraped gauges are younger than ``stale_after_s`` seconds."""
+        now = time.monotonic() if now is None else now
+        return self.scraped_at > 0 and now - self.scraped_at <= stale_after_s
+
+    def load_tokens(self) -> int:
+        """Outstanding work in tokens: prompt tokens to prefill plus KV held."""
+        return self.outstanding_prefill_tokens + self.kv_tokens
+
+    def waiting_requests(self, stale_after_s: float = 1.0) -> int:
+        """Queued requests: scraped ``num_requests_waiting`` when fresh, else the
+        gateway's own prefill jobs."""
+        own = len(self.prefill_jobs)
+        if self.scrape_fresh(stale_after_s):
+            return max(own, int(self.scraped.get("num_requests_waiting", 0)))
+        return own
+
+    def snapshot(self) -> dict[str, object]:
+        """A JSON-able view (``/health``, debug logs)."""
+        return {"url": self.url, "role": self.role, "pool": self.pool, "healthy": self.healthy,
+                "in_flight": self.in_flight,
+                "outstanding_prefill_tokens": self.outstanding_prefill_tokens,
+                "prefill_jobs": len(self.prefill_jobs), "decode_batch": self.decode_batch,
+                "kv_tokens": self.kv_tokens, "deflected_in_flight": self.deflected_in_flight,
+                "scraped": dict(self.scraped),
+                "scrape_age_s": (round(time.monotonic() - self.scraped_at, 3)
+                                 if self.scraped_at else None)}
+
 
 class Fleet:
-    """The set of instances behind the gateway, grouped by role."""
+    """The set of instances behind the gateway, grouped by role and pool."""
 
-    def __init__(self, instances: list[Instance]) -> None:
+    def __init__(self, instances: list[Instance], pools: dict[str, PoolRange] | None = None) -> None:
         self.instances = instances
+        self.pools = dict(pools or {})
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> "Fleet":
         """Build the fleet from a validated config."""
-        return cls([Instance(url=i.url, role=i.role) for i in config.instances()])
+        return cls([Instance(url=i.url, role=i.role, pool=i.pool) for i in config.instances()],
+                   config.pools)
 
     def by_role(self, role: Role) -> list[Instance]:
         """Instances that can serve ``role`` (``both`` serves either)."""
@@ -62,3 +186,19 @@ class Fleet:
         pool = self.by_role(role)
         healthy = [i for i in pool if i.healthy]
         return healthy or pool
+
+    def pool_for(self, tokens: int | None) -> str | None:
+        """Name of the first pool whose range holds ``tokens`` (``None`` if none or unknown)."""
+        if tokens is None:
+            return None
+        for name, rng in self.pools.items():
+            if rng.contains(tokens):
+                return name
+        return None
+
+    def in_pool(self, candidates: list[Instance], pool: str | None) -> list[Instance]:
+        """Candidates of ``pool`` plus pool-less ones; all candidates if that leaves none."""
+        if pool is None:
+            return candidates
+        chosen = [i for i in candidates if i.pool == pool or i.pool is None]
+        return chosen or candidates

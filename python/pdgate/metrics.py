@@ -20,6 +20,8 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
                  0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
+_ERR_BUCKETS = (-0.9, -0.75, -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
 
 class GatewayMetrics:
     """All metrics of one gateway instance.
@@ -36,6 +38,18 @@ class GatewayMetrics:
         prefill_fallbacks: ``pdgate_prefill_fallbacks_total{reason}``: the
             decode instance computed the prompt itself.
         dropped_kv_params: ``pdgate_client_kv_transfer_params_dropped_total``.
+        route_decisions: ``pdgate_route_decisions_total{policy,choice}``:
+            every routing decision (choice ``pd``, ``deflect``, ``decode_only``,
+            ``pool:<name>``...).
+        token_estimates: ``pdgate_prompt_token_estimates_total{reason}``:
+            prompts whose token count was estimated, not tokenized.
+        predictor_error: ``pdgate_predictor_relative_error{what}``:
+            (predicted - observed) / observed for ``ttft``, ``prefill``,
+            ``decode_step``.
+        scrape_errors: ``pdgate_scrape_errors_total{instance}``.
+        scrape_stale: ``pdgate_instance_scrape_stale{instance}`` (1 = stale).
+        admission_waiting: ``pdgate_admission_waiting`` (queued prefill legs).
+        admission_wait: ``pdgate_admission_wait_seconds`` (time queued).
     """
 
     def __init__(self) -> None:
@@ -62,6 +76,25 @@ class GatewayMetrics:
         self.dropped_kv_params = Counter(
             "pdgate_client_kv_transfer_params_dropped",
             "Client-supplied kv_transfer_params removed before forwarding.", registry=r)
+
+        self.route_decisions = Counter("pdgate_route_decisions", "Routing decisions by policy and choice.",
+                                       ["policy", "choice"], registry=r)
+        self.token_estimates = Counter("pdgate_prompt_token_estimates",
+                                       "Prompts whose token count was estimated instead of tokenized.",
+                                       ["reason"], registry=r)
+        self.predictor_error = Histogram("pdgate_predictor_relative_error",
+                                         "Latency predictor error, (predicted - observed) / observed.",
+                                         ["what"], buckets=_ERR_BUCKETS, registry=r)
+        self.scrape_errors = Counter("pdgate_scrape_errors", "Failed /metrics scrapes per instance.",
+                                     ["instance"], registry=r)
+        self.scrape_stale = Gauge("pdgate_instance_scrape_stale",
+                                  "1 when an instance's scraped metrics are older than the staleness bound.",
+                                  ["instance"], registry=r)
+        self.admission_waiting = Gauge("pdgate_admission_waiting",
+                                       "Prefill legs waiting in the admission queue.", registry=r)
+        self.admission_wait = Histogram("pdgate_admission_wait_seconds",
+                                        "Time a prefill leg waited in the admission queue, seconds.",
+                                        buckets=_TTFT_BUCKETS, registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""

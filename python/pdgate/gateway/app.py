@@ -32,6 +32,7 @@ from pdgate.gateway.errors import GatewayError, error_response
 from pdgate.gateway.proxy import PDProxy
 from pdgate.gateway.validation import parse_body, request_id_from_header, validate_request
 from pdgate.metrics import GatewayMetrics
+from pdgate.state.scraper import MetricsScraper
 
 log = logging.getLogger("pdgate.gateway")
 
@@ -66,7 +67,8 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
 
     Returns:
         A FastAPI app; run it with uvicorn. ``app.state`` holds ``fleet``,
-        ``metrics`` and (while running) ``proxy``.
+        ``metrics`` and (while running) ``proxy`` and ``scraper`` (the
+        ``/metrics`` scraper task feeding the fleet state).
     """
     fleet = Fleet.from_config(config)
     metrics = GatewayMetrics()
@@ -78,7 +80,13 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
                                      timeout=httpx.Timeout(60.0)) as client:
             app.state.client = client
             app.state.proxy = PDProxy(config, fleet, metrics, client)
-            yield
+            scraper = MetricsScraper(fleet, client, config.scrape, metrics)
+            app.state.scraper = scraper
+            scraper.start()
+            try:
+                yield
+            finally:
+                await scraper.stop()
 
     app = FastAPI(title="pdgate", version=__version__, lifespan=lifespan)
     app.state.config = config
@@ -112,7 +120,14 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             metrics.requests.labels("none", "client_error").inc()
             raise
         proxy: PDProxy = request.app.state.proxy
-        resp = await proxy.handle(endpoint, body, dict(request.headers), request_id, arrival)
+
+        async def disconnected() -> None:
+            # The body is read, so the next ASGI message is the disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        resp = await proxy.handle(endpoint, body, dict(request.headers), request_id, arrival,
+                                  disconnected)
         resp.headers.setdefault("X-Request-Id", request_id)
         return resp
 
@@ -150,10 +165,7 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
         return JSONResponse({
             "status": "ok",
             "version": __version__,
-            "instances": [
-                {"url": i.url, "role": i.role, "healthy": i.healthy, "in_flight": i.in_flight}
-                for i in fleet.instances
-            ],
+            "instances": [i.snapshot() for i in fleet.instances],
         })
 
     @app.get("/metrics")

@@ -13,6 +13,12 @@ vLLM's ``examples/online_serving/disaggregated_serving`` proxies and
    the client as is, so ``usage`` is the decode instance's count for the
    whole request.
 
+Before the legs, the route policy (:mod:`pdgate.policies`) decides the
+request's shape: P/D, deflected (the decode leg alone, without
+``kv_transfer_params``, so the decode instance computes the prompt), or
+decode-only; an admission policy may hold the prefill leg in the Rust
+admission queue first (cancelled if the client leaves).
+
 If the prefill leg fails, times out or returns no ``kv_transfer_params`` the
 decode instance serves the request whole (``pdgate_prefill_fallbacks_total``).
 Client-supplied ``kv_transfer_params`` are always dropped. Both legs carry the
@@ -21,11 +27,11 @@ same ``X-Request-Id``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -33,8 +39,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet, Instance
 from pdgate.gateway.errors import GatewayError, error_body
+from pdgate.gateway.legs import DecodeLeg, StreamStats, int_or_none, scan_sse_events
 from pdgate.metrics import GatewayMetrics
-from pdgate.policies import RequestInfo, create_policy
+from pdgate.policies import RequestInfo, RouteContext, RouteDecision, create_policy
+from pdgate.predictor import LatencyPredictor
+from pdgate.state.admission import AsyncAdmission
+from pdgate.state.tokens import TokenCounter
 
 log = logging.getLogger("pdgate.proxy")
 
@@ -71,47 +81,6 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-@dataclass
-class _StreamStats:
-    """Per-request timing collected while relaying a stream (seconds)."""
-
-    arrival: float
-    first_token: float | None = None
-    tokens: int = 0
-    usage_tokens: int | None = None
-
-
-def _scan_sse_events(buf: bytearray, stats: _StreamStats, now: float) -> None:
-    """Consume complete SSE events from ``buf`` and update ``stats``.
-
-    Counts content chunks (events whose ``choices`` is non-empty) as tokens
-    and reads ``usage.completion_tokens`` when the stream carries usage.
-    """
-    while True:
-        end = buf.find(b"\n\n")
-        if end < 0:
-            return
-        event = bytes(buf[:end])
-        del buf[: end + 2]
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]" or not data:
-                continue
-            try:
-                obj = json.loads(data)
-            except json.JSONDecodeError:
-                continue
-            if obj.get("choices"):
-                stats.tokens += 1
-                if stats.first_token is None:
-                    stats.first_token = now
-            usage = obj.get("usage")
-            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                stats.usage_tokens = usage["completion_tokens"]
-
-
 class PDProxy:
     """Routes requests through prefill and decode instances.
 
@@ -120,16 +89,27 @@ class PDProxy:
         fleet: the instances.
         metrics: the gateway's metrics.
         client: a shared ``httpx.AsyncClient`` (owned by the app).
+        predictor: latency predictor (default: built from ``config.predictor``).
+        tokens: prompt token counter (default: built from ``config.tokenizer``).
     """
 
     def __init__(self, config: GatewayConfig, fleet: Fleet, metrics: GatewayMetrics,
-                 client: httpx.AsyncClient) -> None:
+                 client: httpx.AsyncClient, predictor: LatencyPredictor | None = None,
+                 tokens: TokenCounter | None = None) -> None:
         self.config = config
         self.fleet = fleet
         self.metrics = metrics
         self.client = client
-        self.prefill_policy = create_policy(config.prefill_policy)
-        self.decode_policy = create_policy(config.decode_policy)
+        self.prefill_policy = create_policy(config.prefill_policy, config=config)
+        self.decode_policy = create_policy(config.decode_policy, config=config)
+        self.route_policy = create_policy(config.route_policy, config=config)
+        self.admission_policy = create_policy(config.admission_policy, config=config)
+        self.predictor = predictor or LatencyPredictor.from_config(config.predictor, metrics)
+        self.tokens = tokens or TokenCounter(config.tokenizer, metrics)
+        self.ctx = RouteContext(fleet, self.prefill_policy, self.decode_policy, self.predictor, config)
+        self.admission = AsyncAdmission(self.admission_policy.aging_rate,
+                                        self.admission_policy.max_wait_s, metrics)
+        self._dispatched: dict[str, dict[str, int]] = {}  # url -> {request id: tokens} sent for prefill
         t = config.timeouts
         self._prefill_timeout = httpx.Timeout(t.prefill_s, connect=t.connect_s)
         self._decode_timeout = httpx.Timeout(t.decode_idle_s, connect=t.connect_s)
@@ -148,20 +128,100 @@ class PDProxy:
         h["X-Request-Id"] = request_id
         return h
 
+    async def request_info(self, endpoint: str, body: dict[str, Any], headers: dict[str, str],
+                           request_id: str) -> RequestInfo:
+        """Prompt tokens, priority class and SLO class of a request.
+
+        Removes the gateway-only ``slo_class`` body field.
+
+        Raises:
+            GatewayError(400): a priority or SLO class that is not valid.
+        """
+        lower = {k.lower(): v for k, v in headers.items()}
+        prio = self.config.priority
+        raw = body.get("priority", lower.get(prio.header.lower()))
+        priority = prio.default_priority if raw is None else int_or_none(raw)
+        if priority is None:
+            raise GatewayError(400, "'priority' must be an integer", "priority")
+        slo = self.config.slo
+        cls = body.pop("slo_class", None) or lower.get(slo.header.lower()) or slo.default
+        if not isinstance(cls, str) or cls not in slo.classes:
+            raise GatewayError(400, f"unknown SLO class {cls!r}; known: {sorted(slo.classes)}", "slo_class")
+        dec = self.fleet.candidates("decode")
+        n = await self.tokens.count(endpoint, body, self.client, dec[0].url if dec else None)
+        target = slo.classes[cls]
+        return RequestInfo(request_id=request_id, endpoint=endpoint, body=body, prompt_tokens=n,
+                           priority=priority, slo_class=cls, ttft_slo_s=target.ttft_s,
+                           tpot_slo_s=target.tpot_s)
+
+    def decide(self, info: RequestInfo) -> RouteDecision:
+        """Run the route policy; count and log the decision."""
+        try:
+            d = self.route_policy.decide(self.ctx, info)
+        except ValueError as e:  # no candidates of some role
+            log.warning("route policy %s failed for %s: %r", self.route_policy.name, info.request_id, e)
+            d = RouteDecision("decode_only")
+        self.metrics.route_decisions.labels(self.route_policy.name, d.choice).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("route %s: policy=%s choice=%s prefill=%s decode=%s tokens=%s predicted=%s",
+                      info.request_id, self.route_policy.name, d.choice,
+                      d.prefill.url if d.prefill else None, d.decode.url if d.decode else None,
+                      info.prompt_tokens, {k: round(v, 4) for k, v in d.predicted.items()})
+        return d
+
     # -- prefill leg -------------------------------------------------------
+    async def _admit(self, info: RequestInfo, inst: Instance,
+                     disconnected: Callable[[], Awaitable[Any]] | None) -> int | None:
+        """Wait for admission of the prefill leg (if the admission policy gates it).
+
+        Raises:
+            asyncio.CancelledError / GatewayError(499): cancelled or the client left.
+        """
+        ticket = self.admission_policy.ticket(info, inst)
+        if ticket is None:
+            return None
+        wait = asyncio.ensure_future(self.admission.wait(ticket.lanes, ticket.priority))
+        if disconnected is None:
+            return await wait
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({wait, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            wait.cancel()
+            raise
+        finally:
+            watch.cancel()
+        if wait.done():
+            return wait.result()
+        wait.cancel()
+        try:
+            await wait
+        except asyncio.CancelledError:
+            pass
+        raise GatewayError(499, "client disconnected while queued")
+
     async def _run_prefill(self, endpoint: str, body: dict[str, Any], info: RequestInfo,
-                           headers: dict[str, str]) -> dict[str, Any] | None:
-        """Run the prefill leg; return its ``kv_transfer_params`` or ``None``.
+                           headers: dict[str, str], inst: Instance,
+                           disconnected: Callable[[], Awaitable[Any]] | None = None) -> dict[str, Any] | None:
+        """Run the prefill leg on ``inst``; return its ``kv_transfer_params`` or ``None``.
 
         Never raises for upstream trouble: every failure is a fallback,
         counted in ``pdgate_prefill_fallbacks_total{reason}``.
         """
-        candidates = self.fleet.candidates("prefill")
-        if not candidates:
-            return None
-        inst = self.prefill_policy.select(candidates, info)
+        n = info.tokens
+        inst.add_prefill(info.request_id, n)
+        entry: int | None = None
+        try:
+            entry = await self._admit(info, inst, disconnected)
+        except BaseException:
+            inst.done_prefill(info.request_id)
+            raise
+        sent = self._dispatched.setdefault(inst.url, {})
+        ahead = list(sent.values())
+        sent[info.request_id] = n
         self._acquire(inst)
         reason = None
+        start = time.monotonic()
         try:
             resp = await self.client.post(f"{inst.url}/v1/{endpoint}", json=prefill_body(body),
                                           headers=headers, timeout=self._prefill_timeout)
@@ -171,6 +231,7 @@ class PDProxy:
             else:
                 params = resp.json().get("kv_transfer_params")
                 if isinstance(params, dict) and params:
+                    self.predictor.observe_prefill(ahead, n, time.monotonic() - start)
                     return params
                 reason = "no_kv_transfer_params"
         except httpx.TimeoutException:
@@ -179,34 +240,58 @@ class PDProxy:
             reason = "connect_error" if isinstance(e, httpx.ConnectError) else "error"
             log.warning("prefill %s on %s failed: %r", info.request_id, inst.url, e)
         finally:
+            sent.pop(info.request_id, None)
+            inst.done_prefill(info.request_id)
+            if entry is not None:
+                self.admission.release(entry)
             self._release(inst)
         self.metrics.prefill_fallbacks.labels(reason or "error").inc()
         return None
 
     # -- whole request -----------------------------------------------------
     async def handle(self, endpoint: str, body: dict[str, Any], client_headers: dict[str, str],
-                     request_id: str, arrival: float) -> Response:
+                     request_id: str, arrival: float,
+                     disconnected: Callable[[], Awaitable[Any]] | None = None) -> Response:
         """Serve one validated request; returns the response for the client.
 
+        ``disconnected`` (optional) returns when the client goes away; it
+        cancels a prefill leg still waiting for admission.
+
         Raises:
-            GatewayError: no decode instance could be reached (502/504).
+            GatewayError: bad priority / SLO class (400), no decode instance
+                could be reached (502/504).
         """
         if body.pop("kv_transfer_params", None) is not None:
             self.metrics.dropped_kv_params.inc()
-        info = RequestInfo(request_id=request_id, endpoint=endpoint, body=body)
+        try:
+            info = await self.request_info(endpoint, body, client_headers, request_id)
+        except GatewayError:
+            self.metrics.requests.labels("none", "client_error").inc()
+            raise
+        if self.config.priority.forward_to_vllm and "priority" not in body:
+            body["priority"] = info.priority
         headers = self._headers(client_headers, request_id)
-        kv_params = await self._run_prefill(endpoint, body, info, headers)
-        route = "pd" if kv_params is not None else "decode_only"
+        decision = self.decide(info)
+        kv_params = None
+        if decision.kind == "pd" and decision.prefill is not None:
+            try:
+                kv_params = await self._run_prefill(endpoint, body, info, headers, decision.prefill,
+                                                    disconnected)
+            except (GatewayError, asyncio.CancelledError):
+                self.metrics.requests.labels("pd", "cancelled").inc()
+                raise
+        route = "pd" if kv_params is not None else ("deflect" if decision.kind == "deflect" else "decode_only")
         decode_body = dict(body)
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
         stream = bool(body.get("stream"))
-        resp, inst = await self._send_decode(endpoint, decode_body, info, headers, route)
+        resp, leg = await self._send_decode(endpoint, decode_body, info, headers, route, decision)
+        inst = leg.inst
         if resp.status_code != 200:
-            return await self._relay_error(resp, inst, route, arrival)
+            return await self._relay_error(resp, leg, route, arrival)
         if stream:
             return StreamingResponse(
-                self._relay_stream(resp, inst, route, arrival),
+                self._relay_stream(resp, leg, route, arrival, decision.predicted.get("ttft_s")),
                 status_code=200,
                 media_type="text/event-stream",
                 headers={"X-Request-Id": request_id, "Cache-Control": "no-cache"},
@@ -218,6 +303,7 @@ class PDProxy:
             raise GatewayError(502, f"decode instance failed mid-response: {e!r}") from None
         finally:
             await resp.aclose()
+            leg.finish()
             self._release(inst)
         self.metrics.requests.labels(route, "success").inc()
         self.metrics.e2e.observe(time.monotonic() - arrival)
@@ -225,37 +311,51 @@ class PDProxy:
                         headers={"X-Request-Id": request_id})
 
     async def _send_decode(self, endpoint: str, body: dict[str, Any], info: RequestInfo,
-                           headers: dict[str, str], route: str) -> tuple[httpx.Response, Instance]:
+                           headers: dict[str, str], route: str,
+                           decision: RouteDecision) -> tuple[httpx.Response, DecodeLeg]:
         """Open the decode leg; on a connect failure try the other decode instances once each.
+
+        The decision's decode instance goes first; otherwise (and for the
+        retries) the decode policy picks among the allowed candidates.
 
         Raises:
             GatewayError(502/504): every decode candidate failed to answer.
         """
-        candidates = list(self.fleet.candidates("decode"))
+        candidates = list(decision.decode_candidates or self.fleet.candidates("decode"))
+        first = decision.decode
+        if first is not None and first not in candidates:
+            candidates.append(first)
         last_error = "no decode instance"
         while candidates:
-            inst = self.decode_policy.select(candidates, info)
+            inst = first if first is not None else self.decode_policy.select(candidates, info)
+            first = None
             candidates.remove(inst)
             self._acquire(inst)
+            leg = DecodeLeg(inst, info.request_id, info.tokens, computes_prompt=route != "pd",
+                            deflected=route == "deflect", tpot_slo_s=info.tpot_slo_s,
+                            output_tokens=info.output_tokens)
             try:
                 req = self.client.build_request("POST", f"{inst.url}/v1/{endpoint}", json=body,
                                                 headers=headers, timeout=self._decode_timeout)
-                return await self.client.send(req, stream=True), inst
+                return await self.client.send(req, stream=True), leg
             except httpx.ConnectError as e:
+                leg.finish()
                 self._release(inst)
                 last_error = f"decode instance {inst.url} unreachable: {e!r}"
                 log.warning("%s (request %s)", last_error, info.request_id)
             except httpx.TimeoutException:
+                leg.finish()
                 self._release(inst)
                 self.metrics.requests.labels(route, "upstream_error").inc()
                 raise GatewayError(504, f"decode instance {inst.url} timed out") from None
             except BaseException:
+                leg.finish()
                 self._release(inst)
                 raise
         self.metrics.requests.labels(route, "upstream_error").inc()
         raise GatewayError(502, last_error)
 
-    async def _relay_error(self, resp: httpx.Response, inst: Instance, route: str,
+    async def _relay_error(self, resp: httpx.Response, leg: DecodeLeg, route: str,
                            arrival: float) -> Response:
         """Pass a decode-side error status and body through (wrapped if not JSON)."""
         try:
@@ -264,7 +364,8 @@ class PDProxy:
             content = b""
         finally:
             await resp.aclose()
-            self._release(inst)
+            leg.finish()
+            self._release(leg.inst)
         outcome = "client_error" if 400 <= resp.status_code < 500 else "upstream_error"
         self.metrics.requests.labels(route, outcome).inc()
         try:
@@ -276,21 +377,31 @@ class PDProxy:
                                  or f"decode instance answered {resp.status_code}")
         return JSONResponse(payload, status_code=resp.status_code)
 
-    async def _relay_stream(self, resp: httpx.Response, inst: Instance, route: str,
-                            arrival: float) -> AsyncIterator[bytes]:
+    async def _relay_stream(self, resp: httpx.Response, leg: DecodeLeg, route: str,
+                            arrival: float, predicted_ttft: float | None = None) -> AsyncIterator[bytes]:
         """Relay the decode SSE stream byte for byte; measure TTFT/TPOT.
 
-        The instance's in-flight count drops only when the stream ends
-        (completed, failed, or the client went away: closing the upstream
-        response makes vLLM abort the request).
+        The instance's in-flight count and fleet state drop only when the
+        stream ends (completed, failed, or the client went away: closing the
+        upstream response makes vLLM abort the request). Inter-token gaps
+        feed the predictor's decode-step refit.
         """
-        stats = _StreamStats(arrival=arrival)
+        inst = leg.inst
+        stats = StreamStats(arrival=arrival)
         buf = bytearray()
         outcome = "success"
         try:
             async for chunk in resp.aiter_raw():
                 buf += chunk
-                _scan_sse_events(buf, stats, time.monotonic())
+                now = time.monotonic()
+                new = scan_sse_events(buf, stats, now)
+                if new:
+                    was_decoding = leg.decoding
+                    batch, kv = inst.decode_batch, inst.kv_tokens
+                    leg.on_tokens(new)
+                    if new == 1 and was_decoding and stats.last_token is not None:
+                        self.predictor.observe_decode_gap(batch, kv, now - stats.last_token)
+                    stats.last_token = now
                 yield chunk
         except httpx.HTTPError as e:
             outcome = "upstream_error"
@@ -302,12 +413,15 @@ class PDProxy:
             raise
         finally:
             await resp.aclose()
+            leg.finish()
             self._release(inst)
             self.metrics.requests.labels(route, outcome).inc()
             end = time.monotonic()
             self.metrics.e2e.observe(end - arrival)
             if outcome == "success" and stats.first_token is not None:
                 self.metrics.ttft.observe(stats.first_token - arrival)
+                if predicted_ttft:
+                    self.predictor.observe_ttft(predicted_ttft, stats.first_token - arrival)
                 n = stats.usage_tokens if stats.usage_tokens is not None else stats.tokens
                 if n > 1:
                     self.metrics.tpot.observe((end - stats.first_token) / (n - 1))

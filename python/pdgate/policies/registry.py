@@ -1,4 +1,4 @@
-"""Name -> policy class registry."""
+"""Name -> policy class registry (one registry for every policy kind)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ T = TypeVar("T")
 
 def register(name: str) -> Callable[[type[T]], type[T]]:
     """Class decorator: make a policy available under ``name``.
+
+    The class's ``kind`` attribute (``instance``, ``route``, ``admission``;
+    default ``instance``) says where it may be configured.
 
     Raises:
         ValueError: ``name`` is already registered to another class.
@@ -25,9 +28,13 @@ def register(name: str) -> Callable[[type[T]], type[T]]:
     return deco
 
 
-def available_policies() -> dict[str, type[Any]]:
-    """All registered policies by name (a copy)."""
-    return dict(_REGISTRY)
+def policy_kind(cls: type[Any]) -> str:
+    return str(getattr(cls, "kind", "instance"))
+
+
+def available_policies(kind: str | None = None) -> dict[str, type[Any]]:
+    """Registered policies by name (a copy), optionally only those of ``kind``."""
+    return {n: c for n, c in _REGISTRY.items() if kind is None or policy_kind(c) == kind}
 
 
 def create_policy(name: str, **kwargs: Any) -> Any:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 from pdgate.fleet import Instance
-from pdgate.policies.base import RequestInfo
+from pdgate.policies.base import RequestInfo, need_candidates
 from pdgate.policies.registry import register
 
 
@@ -20,14 +20,14 @@ class RoundRobinPolicy:
     """
 
     name = "round_robin"
+    kind = "instance"
 
-    def __init__(self) -> None:
+    def __init__(self, config: Any = None) -> None:
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
     def select(self, candidates: Sequence[Instance], request: RequestInfo) -> Instance:
-        if not candidates:
-            raise ValueError("no candidate instances")
+        need_candidates(candidates)
         with self._lock:
             n = next(self._counter)
         return candidates[n % len(candidates)]

@@ -1,0 +1,56 @@
+"""Shared prediction helpers for route policies (not a policy itself).
+
+Turns the live state of an instance into the latency predictor's inputs:
+the gateway's own queue of prompts on a prefill (or deflecting decode)
+instance, and the decode batch and KV tokens of a decode instance.
+"""
+
+from __future__ import annotations
+
+from pdgate.fleet import Instance
+from pdgate.policies.base import RequestInfo, RouteContext
+
+
+def pd_prediction(ctx: RouteContext, p: Instance, d: Instance, req: RequestInfo) -> dict[str, float]:
+    """Predicted ``queue_s``, ``prefill_s``, ``transfer_s``, ``ttft_s`` and
+    ``tpot_s`` of ``req`` on the pair (``p``, ``d``), plus ``step_before_s``
+    and ``step_after_s`` of ``d``'s decode step without and with it."""
+    pr = ctx.predictor
+    n = req.tokens
+    out = pr.ttft_pd(list(p.prefill_jobs.values()), n, d.decode_batch, d.kv_tokens)
+    out["step_before_s"] = pr.decode_step(d.decode_batch, d.kv_tokens)
+    out["step_after_s"] = out["tpot_s"] = pr.decode_step(d.decode_batch + 1, d.kv_tokens + n)
+    return out
+
+
+def deflect_prediction(ctx: RouteContext, d: Instance, req: RequestInfo) -> dict[str, float]:
+    """Predicted ``ttft_s`` if ``d`` prefills ``req`` itself, its ``tpot_s``,
+    the chunk size and ``step_with_chunk_s`` its decodes see meanwhile."""
+    pr = ctx.predictor
+    n = req.tokens
+    out = pr.ttft_deflect(list(d.prefill_jobs.values()), n, d.decode_batch, d.kv_tokens)
+    out["step_before_s"] = pr.decode_step(d.decode_batch, d.kv_tokens)
+    out["tpot_s"] = pr.decode_step(d.decode_batch + 1, d.kv_tokens + n)
+    return out
+
+
+def slowed_past_slo(d: Instance, before_s: float, extra_s: float, steps: float | None = None) -> int:
+    """Requests decoding on ``d`` that meet their TPOT SLO at ``before_s`` per
+    step and would miss it when ``steps`` of their steps (all, if ``None``)
+    take ``extra_s`` longer: their mean TPOT grows by ``extra_s * steps / output tokens``."""
+    n = 0
+    for slo, out in d.decode_targets():
+        grow = extra_s if steps is None else extra_s * min(1.0, steps / out)
+        if before_s <= slo < before_s + grow:
+            n += 1
+    return n
+
+
+def tbt_headroom_s(d: Instance) -> float:
+    """The strictest TPOT SLO of the requests decoding on ``d`` (inf if none)."""
+    slos = d.decode_tpot_slos()
+    return min(slos) if slos else float("inf")
+
+
+def least_loaded(instances: list[Instance]) -> Instance:
+    return min(instances, key=lambda i: (i.load_tokens(), i.in_flight))

