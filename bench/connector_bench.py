@@ -60,6 +60,16 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def buckets(url: str, hist: str) -> dict[str, float]:
+    """Cumulative bucket counts of histogram ``hist`` by ``le``."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(hist + "_bucket{") and 'le="' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def warm_up(fleet: LocalFleet) -> None:
     """Compile both instances' graphs and the P/D path before measuring."""
     for n in (16, 300, 1200):
@@ -78,15 +88,15 @@ def run_one(connector: str, plan: Any, prompts: list, args: argparse.Namespace) 
     with fleet:
         warm_up(fleet)
         d = fleet.decode_urls[0]
-        before = scrape(d)
+        hist, bytes_key = XFER_METRICS[connector]
+        before, b_before = scrape(d), buckets(d, hist)
         t = time.monotonic()
         result = asyncio.run(run_replay(fleet.gateway_url, SERVED_MODEL_NAME, plan, prompts=prompts,
                                         request_timeout_s=args.request_timeout))
         wall = time.monotonic() - t
         time.sleep(6)  # vLLM publishes connector stats to /metrics every few seconds
-        after = scrape(d)
+        after, b_after = scrape(d), buckets(d, hist)
         gw = scrape(fleet.gateway_url)
-    hist, bytes_key = XFER_METRICS[connector]
     n_xfer = after.get(hist + "_count", 0.0) - before.get(hist + "_count", 0.0)
     s_xfer = after.get(hist + "_sum", 0.0) - before.get(hist + "_sum", 0.0)
     n_bytes = after.get(bytes_key, 0.0) - before.get(bytes_key, 0.0)
@@ -111,6 +121,7 @@ def run_one(connector: str, plan: Any, prompts: list, args: argparse.Namespace) 
             "ms_per_request": 1000.0 * s_xfer / completed if completed else None,
             "bytes_total": n_bytes,
             "mb_per_s": n_bytes / 2**20 / s_xfer if s_xfer else None,
+            "cumulative_buckets_s": {le: b_after.get(le, 0.0) - b_before.get(le, 0.0) for le in b_after},
         },
         "gateway_prefill_fallbacks": sum(v for k, v in gw.items() if k.startswith("pdgate_prefill_fallbacks_total")),
         "replay": result.to_dict(),

@@ -21,16 +21,23 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-
 from pdgate.localfleet import LocalFleet
-from tests.e2e.vllm_client import acomplete, body, complete, prompt_ids, stream_completion, token_ids
+
+from tests.e2e.vllm_client import (
+    acomplete,
+    body,
+    complete,
+    prompt_ids,
+    stream_completion,
+    token_ids,
+)
 
 pytestmark = pytest.mark.vllm
 
 CONNECTORS = [c for c in os.environ.get("PDGATE_E2E_CONNECTORS", "PdgateConnector,NixlConnector").split(",") if c]
 MAX_LEN = 4096
 BLOCK = 128  # vLLM's CPU backend block size here
-LEASE_TTL_S = 8.0  # PdgateConnector lease on the prefill instance in these tests
+LEASE_TTL_S = 12.0  # PdgateConnector lease on the prefill instance in these tests
 PRE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
        "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
@@ -78,7 +85,7 @@ def metric(url: str, name: str) -> float:
     """Sum of the samples of ``name`` on an instance's /metrics."""
     text = httpx.get(url + "/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+               if line.startswith((name + "{", name + " ")))
 
 
 def wait_idle(url: str, timeout_s: float) -> float:

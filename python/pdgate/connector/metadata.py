@@ -13,7 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
 
 #: Fields of ``kv_transfer_params`` a decode request needs to pull KV.
 REQUIRED_REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port", "remote_block_ids")
@@ -48,9 +51,12 @@ class ConnectorConfig:
     - ``transfer_timeout_s`` [``PDGATE_KV_TRANSFER_TIMEOUT_S``], default 20:
       a decode read (and the handshake) fails after this; the request then
       follows ``kv_load_failure_policy``.
-    - ``ucx_transports`` [``PDGATE_KV_UCX_TLS``], default ``tcp``; ``""``
-      or ``default`` lets UCX choose (with UCX's own choice on this host some
-      pulls between two vLLM processes stalled until their timeout).
+    - ``ucx_transports`` [``PDGATE_KV_UCX_TLS``], default ``sm`` (shared
+      memory: prefill and decode on one host). Between hosts set ``tcp``
+      (or ``rc,tcp`` with RDMA); ``default`` lets UCX choose. Measured here
+      with vLLM on 2 busy cores: ``sm`` ~0.2 ms per pull, ``tcp`` ~40 ms,
+      ``sm,tcp`` ~70 ms, and UCX's own choice stalled some pulls until their
+      timeout.
     """
 
     engine_id: str
@@ -59,7 +65,7 @@ class ConnectorConfig:
     side_channel_port: int = 5610
     lease_ttl_s: float = 30.0
     transfer_timeout_s: float = 20.0
-    ucx_transports: str | None = "tcp"
+    ucx_transports: str | None = "sm"
 
     @staticmethod
     def from_vllm(vllm_config: Any) -> ConnectorConfig:
@@ -77,7 +83,7 @@ class ConnectorConfig:
             side_channel_port=port,
             lease_ttl_s=float(_extra(extra, "lease_ttl_s", ("PDGATE_KV_LEASE_TTL_S",), 30.0)),
             transfer_timeout_s=float(_extra(extra, "transfer_timeout_s", ("PDGATE_KV_TRANSFER_TIMEOUT_S",), 20.0)),
-            ucx_transports=_extra(extra, "ucx_transports", ("PDGATE_KV_UCX_TLS",), "tcp") or None,
+            ucx_transports=_extra(extra, "ucx_transports", ("PDGATE_KV_UCX_TLS",), "sm") or None,
         )
         if cfg.ucx_transports == "default":
             cfg = dataclasses.replace(cfg, ucx_transports=None)

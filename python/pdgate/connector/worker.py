@@ -19,7 +19,12 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from pdgate.connector.metadata import ConnectorConfig, PdgateConnectorMetadata, PdgateWorkerMetadata, RecvReq
+from pdgate.connector.metadata import (
+    ConnectorConfig,
+    PdgateConnectorMetadata,
+    PdgateWorkerMetadata,
+    RecvReq,
+)
 from pdgate.connector.metrics import PdgateKVConnectorStats
 
 logger = init_logger("vllm.pdgate_connector")
@@ -116,7 +121,7 @@ class PdgateWorker:
                 ok, bad = self.engine.poll()
                 notifs = self.engine.get_notifications()
                 expired = self.engine.expired_leases()
-            except Exception:  # engine closed
+            except Exception:  # noqa: BLE001 - engine closed
                 if self._stop.is_set():
                     return
                 time.sleep(0.05)
@@ -135,7 +140,7 @@ class PdgateWorker:
     def _grant(self, request_id: str) -> None:
         try:
             self._leases_out[request_id] = self.engine.grant_lease(request_id, self._lease_backstop_s).hex()
-        except Exception as e:  # table full or preempted and rescheduled
+        except Exception as e:  # noqa: BLE001 - table full, or preempted and rescheduled
             logger.warning("PdgateConnector: no lease for %s (%s)", request_id, e)
 
     def worker_meta(self) -> PdgateWorkerMetadata | None:
@@ -166,7 +171,7 @@ class PdgateWorker:
         self._peers.pop(engine_id, None)
         try:
             self.engine.remove_peer(engine_id)
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - not connected
             pass
 
     def start_load_kv(self, meta: PdgateConnectorMetadata) -> None:
@@ -185,7 +190,7 @@ class PdgateWorker:
                 xid = self.engine.read_blocks(
                     peer, self._phys(r.local_blocks), self._phys(r.remote_blocks),
                     notify=r.remote_request_id.encode(), lease=r.lease, timeout_s=self.cfg.transfer_timeout_s)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any failure becomes a load error
                 logger.warning("PdgateConnector: pull for %s from %s failed to start: %s", rid,
                                r.remote_engine_id, e)
                 self._forget_peer(r.remote_engine_id)

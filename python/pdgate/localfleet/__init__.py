@@ -62,6 +62,8 @@ class LocalFleet:
         self.n_prefill = n_prefill
         self.n_decode = n_decode
         self.connector = connector
+        if connector == "PdgateConnector" and connector_module is None:
+            connector_module = "pdgate.connector"
         self.connector_module = connector_module
         self.model_dir = Path(model_dir) if model_dir else default_model_dir()
         self.max_model_len = max_model_len
