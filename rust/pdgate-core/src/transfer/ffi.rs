@@ -266,47 +266,50 @@ ucp_fns! {
     ucp_request_free: fn(*mut c_void);
 }
 
-static UCP: OnceLock<std::result::Result<Ucp, String>> = OnceLock::new();
+static UCP: OnceLock<Ucp> = OnceLock::new();
+static LOAD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Load `libucp` once per process. `path` is a file (`.../libucp.so.0`) or a
 /// folder holding it; `None` asks the dynamic loader for `libucp.so.0`
 /// (works after `libucx.load_library()` preloaded the wheel's copy).
-/// Later calls return the first load's result whatever their `path`.
+/// Once a load succeeded, later calls return it whatever their `path`; a
+/// failed load is not remembered (a later call may pass a better path).
 pub fn load(path: Option<&Path>) -> Result<&'static Ucp> {
-    let r = UCP.get_or_init(|| {
-        let file = match path {
-            Some(p) if p.is_dir() => p.join("libucp.so.0"),
-            Some(p) => p.to_path_buf(),
-            None => "libucp.so.0".into(),
-        };
-        // SAFETY: loading UCX runs its constructors, which are well behaved.
-        let lib = unsafe { libloading::Library::new(&file) }
-            .map_err(|e| format!("cannot load {}: {e}", file.display()))?;
-        let ucp = unsafe { Ucp::resolve(lib) }?;
-        let (mut a, mut b, mut c) = (0, 0, 0);
-        unsafe { (ucp.ucp_get_version)(&mut a, &mut b, &mut c) };
-        if a != UCP_API_MAJOR || b < 14 {
-            return Err(format!(
-                "UCX {a}.{b}.{c} is too old (need >= 1.14, built against 1.22)"
-            ));
-        }
-        Ok(ucp)
-    });
-    r.as_ref().map_err(|e| PdgateError::Transport(e.clone()))
+    if let Some(u) = UCP.get() {
+        return Ok(u);
+    }
+    let _g = LOAD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(u) = UCP.get() {
+        return Ok(u);
+    }
+    let file = match path {
+        Some(p) if p.is_dir() => p.join("libucp.so.0"),
+        Some(p) => p.to_path_buf(),
+        None => "libucp.so.0".into(),
+    };
+    // SAFETY: loading UCX runs its constructors, which are well behaved.
+    let lib = unsafe { libloading::Library::new(&file) }
+        .map_err(|e| PdgateError::Transport(format!("cannot load {}: {e}", file.display())))?;
+    let ucp = unsafe { Ucp::resolve(lib) }.map_err(PdgateError::Transport)?;
+    let (mut a, mut b, mut c) = (0, 0, 0);
+    unsafe { (ucp.ucp_get_version)(&mut a, &mut b, &mut c) };
+    if a != UCP_API_MAJOR || b < 14 {
+        return Err(PdgateError::Transport(format!(
+            "UCX {a}.{b}.{c} is too old (need >= 1.14; declarations follow 1.22)"
+        )));
+    }
+    Ok(UCP.get_or_init(|| ucp))
 }
 
 /// The loaded table; panics if [`load`] never succeeded (only called from
 /// code that runs after a successful load).
 pub fn ucp() -> &'static Ucp {
-    match UCP.get() {
-        Some(Ok(u)) => u,
-        _ => panic!("libucp not loaded"),
-    }
+    UCP.get().expect("libucp not loaded")
 }
 
 /// `major.minor.release` of the loaded UCX.
 pub fn version() -> Option<String> {
-    let u = UCP.get()?.as_ref().ok()?;
+    let u = UCP.get()?;
     let (mut a, mut b, mut c) = (0, 0, 0);
     unsafe { (u.ucp_get_version)(&mut a, &mut b, &mut c) };
     Some(format!("{a}.{b}.{c}"))
