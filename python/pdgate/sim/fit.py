@@ -52,28 +52,37 @@ async def _stream_times(c: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
     return times[0], [b - a for a, b in zip(times, times[1:])]
 
 
+QUICK_POINTS: dict[str, Any] = {"prefill": (64, 512, 1024, 2048), "decode": ((1, 64), (4, 64), (16, 64)), "pd": (128, 1024),
+                "reps": 3}
+
+
 async def measure(prefill_url: str, decode_url: str, model: str, reps: int = 3,
-                  seed: int = 0) -> dict[str, Any]:
-    """Raw measurements (seconds) against a running real fleet."""
+                  seed: int = 0, quick: bool = False) -> dict[str, Any]:
+    """Raw measurements (seconds) against a running real fleet (``quick``: fewer points, ~1 min)."""
     rng = random.Random(seed)
+    if quick:
+        reps = int(QUICK_POINTS["reps"])
     out: dict[str, Any] = {"prefill": [], "decode": [], "pd": []}
     async with httpx.AsyncClient(timeout=120) as c:
         for _ in range(2):  # warm-up
             await _latency(c, prefill_url, {"model": model, "prompt": _ids(rng, 64), "max_tokens": 1})
-        for n in (16, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584):
+        for n in (QUICK_POINTS["prefill"] if quick else (16, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072,
+                                                            3584)):
             vals = [await _latency(c, prefill_url, {"model": model, "prompt": _ids(rng, n), "max_tokens": 1})
                     for _ in range(reps)]
             out["prefill"].append({"n": n, "latency_s": statistics.median(vals), "all": vals})
-        for b, k in ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (24, 64), (32, 64), (1, 1536), (4, 480)):
-            bodies = [{"model": model, "prompt": _ids(rng, k), "max_tokens": 48, "ignore_eos": True}
-                      for _ in range(b)]
+        for b, k in (QUICK_POINTS["decode"] if quick else ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (24, 64),
+                                                            (32, 64), (1, 1536), (4, 480))):
+            mt = 32 if quick else 48
+            bodies: list[dict[str, Any]] = [{"model": model, "prompt": _ids(rng, k), "max_tokens": mt,
+                                             "ignore_eos": True} for _ in range(b)]
             res = await asyncio.gather(*[_stream_times(c, decode_url, x) for x in bodies])
-            # per stream: time from chunk 8 to the last over the tokens between (the server may
-            # flush several tokens in one write, so single gaps mean nothing); skip the ramp
-            # while the other streams still prefill
-            tpots = [sum(gs[8:]) / len(gs[8:]) for _, gs in res if len(gs) > 8]
+            # per stream: (last chunk - first chunk) / (tokens - 1); the server may put several
+            # tokens in one chunk when it lags, so chunk gaps themselves mean nothing
+            tpots = [sum(gs) / (mt - 1) for _, gs in res]
             out["decode"].append({"batch": b, "context": k + 24, "itl_s": statistics.median(tpots)})
-        pd_points = [(64, 4)] + [(n, reps) for n in (128, 1024, 2048, 3072)]  # the first pay NIXL's handshake
+        pd_sizes = QUICK_POINTS["pd"] if quick else (128, 1024, 2048, 3072)
+        pd_points = [(64, 3)] + [(n, reps) for n in pd_sizes]  # the first pay NIXL's handshake
         for n, k in pd_points:
             ttfts = []
             for _ in range(k):

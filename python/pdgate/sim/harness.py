@@ -131,7 +131,9 @@ def start_router(spec: RouterSpec, urls: dict[str, list[str]], log_dir: str,
         exe = vllm_router_bin()
         if exe is None:
             raise RuntimeError("vllm-router is not installed (pip install vllm-router)")
-        cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+               # its Prometheus exporter has a fixed default port: two routers would clash
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         if spec.mode == "pd":
             cmd.append("--vllm-pd-disaggregation")
             for u in urls["prefill"]:

@@ -25,7 +25,14 @@ def goodput_markdown(doc: dict[str, Any]) -> str:
         f"router and client overheads count x{meta['speed']:g} in simulated time); latencies are simulated "
         f"seconds. SLO: TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms; attainment = "
         "share of all requests meeting both (failures count as misses).",
-        f"vllm-router {meta.get('vllm_router_version', '?')}; pdgate policies: {', '.join(meta['pdgate_policies'])}.",
+        f"vllm-router {meta.get('vllm_router_version', '?')}; pdgate policies: {'; '.join(meta['pdgate_policies'])}.",
+        f"Host: {meta.get('host_cpus', '?')} CPUs shared with other work, load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in meta.get('host_loadavg_end', []))}; simulator lag column = mean lateness "
+        "of simulated steps (simulated ms), a check that the host kept up"
+        + (f"; runs over {meta['max_lag_ms']:g} ms were rerun once and the better kept, (!) marks those still "
+           "over (treat them as host noise)" if "max_lag_ms" in meta else
+           " (this run predates lag reruns: lag above ~10 ms means the host fell behind; treat those rows as "
+           "host noise)") + ". Each point is one run (no repetitions).",
         "",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -46,9 +53,18 @@ def goodput_markdown(doc: dict[str, Any]) -> str:
                 f"{_f(p.get('p50_ms'), 1)}/{_f(p.get('p95_ms'), 1)}/{_f(p.get('p99_ms'), 1)} | "
                 f"{_f(att.get('1') * 100 if att.get('1') is not None else None, 1)}% | "
                 f"{_f((att.get('0.5') or 0) * 100, 0)}% / {_f((att.get('2') or 0) * 100, 0)}% | "
-                f"{r['fleet_stats'].get('preemptions', 0):.0f} | {_f(r['fleet_stats'].get('mean_loop_lag_ms'), 2)} |")
+                f"{r['fleet_stats'].get('preemptions', 0):.0f} | {_f(r['fleet_stats'].get('mean_loop_lag_ms'), 2)}"
+                f"{' (!)' if r.get('lag_flag') else ''} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _style(cfg: str, i: int) -> dict[str, Any]:
+    """Line style per router family (vllm-router dashed, aggregated dotted, pdgate solid), tab20 colours."""
+    import matplotlib
+
+    ls = "--" if cfg.startswith("vllm-router") else ":" if cfg.startswith("aggregated") else "-"
+    return {"linestyle": ls, "color": matplotlib.colormaps["tab20"](i % 20)}
 
 
 def _plt() -> Any:
@@ -64,12 +80,12 @@ def plot_ttft_cdf(runs: Sequence[dict[str, Any]], path: str, title: str) -> None
     """TTFT CDF per configuration (one rate scale)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in sorted(runs, key=lambda x: x["config"]):
+    for k, r in enumerate(sorted(runs, key=lambda x: x["config"])):
         xs = sorted(v for v in r["ttft_samples_s"] if v is not None)
         if not xs:
             continue
         ys = [(i + 1) / len(r["ttft_samples_s"]) for i in range(len(xs))]
-        ax.step(xs, ys, where="post", label=r["config"])
+        ax.step(xs, ys, where="post", label=r["config"], **_style(r["config"], k))
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (simulated s, log)")
     ax.set_ylabel("fraction of requests")
@@ -88,9 +104,9 @@ def plot_slo_vs_rate(runs: Sequence[dict[str, Any]], path: str, title: str) -> N
     for r in runs:
         by[r["config"]].append((r["rate_scale"], r["slo_attainment"].get("1", 0.0)))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for cfg, pts in sorted(by.items()):
+    for k, (cfg, pts) in enumerate(sorted(by.items())):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o", label=cfg)
+        ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o", label=cfg, **_style(cfg, k))
     ax.set_xlabel("request rate scale (x trace rate)")
     ax.set_ylabel("SLO attainment (%)")
     ax.set_ylim(-2, 102)
