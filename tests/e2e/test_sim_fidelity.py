@@ -7,10 +7,10 @@ and TPOT p50/p90 must agree within 25 % (one retry for noise on a shared
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
+
+import pytest
 
 from pdgate.localfleet import SERVED_MODEL_NAME, LocalFleet
 from pdgate.sim.fidelity import fidelity
