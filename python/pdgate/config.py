@@ -205,11 +205,14 @@ class TokenizerConfig(_Strict):
 
     Attributes:
         path: local tokenizer directory (Hugging Face format).
+        words: count whitespace-separated words instead (the tokenizer of
+            pdgate's vLLM simulator, ``pdgate.sim``).
         use_instance: ask an instance's ``/tokenize`` when no local tokenizer.
         cache_size: prompts whose counts are cached (LRU).
     """
 
     path: str | None = None
+    words: bool = False
     use_instance: bool = False
     cache_size: int = Field(default=4096, ge=0)
 

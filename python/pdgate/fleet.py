@@ -42,6 +42,8 @@ class Instance:
             while any healthy candidate exists).
         outstanding_prefill_tokens: prompt tokens queued or being prefilled.
         prefill_jobs: request id -> prompt tokens of those prefills.
+        deferred: ids among them held back in the admission queue behind
+            every on-time request (predicted to miss their SLO anyway).
         decode_batch: requests decoding on it.
         decode_jobs: request id -> [KV tokens, TPOT SLO, output tokens] of those.
         kv_tokens: KV tokens held by the decoding requests.
@@ -58,6 +60,7 @@ class Instance:
     healthy: bool = True
     outstanding_prefill_tokens: int = 0
     prefill_jobs: dict[str, int] = field(default_factory=dict)
+    deferred: set[str] = field(default_factory=set)
     decode_batch: int = 0
     kv_tokens: int = 0
     decode_jobs: dict[str, list[Any]] = field(default_factory=dict)
@@ -87,9 +90,17 @@ class Instance:
     def done_prefill(self, request_id: str) -> None:
         """That prompt is prefilled (or abandoned); idempotent."""
         with self._lock:
+            self.deferred.discard(request_id)
             n = self.prefill_jobs.pop(request_id, None)
             if n is not None:
                 self.outstanding_prefill_tokens = max(0, self.outstanding_prefill_tokens - n)
+
+    def queue_ahead(self) -> list[int]:
+        """Prompt tokens a new on-time request would wait behind (deferred ones excluded)."""
+        with self._lock:
+            if not self.deferred:
+                return list(self.prefill_jobs.values())
+            return [n for r, n in self.prefill_jobs.items() if r not in self.deferred]
 
     # -- decode work ----------------------------------------------------------
     def add_decode(self, request_id: str, kv_tokens: int, tpot_slo_s: float | None = None,

@@ -20,7 +20,7 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
                  0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
-_ERR_BUCKETS = (-0.9, -0.75, -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+_ERR_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 
 
 class GatewayMetrics:
@@ -44,8 +44,10 @@ class GatewayMetrics:
         token_estimates: ``pdgate_prompt_token_estimates_total{reason}``:
             prompts whose token count was estimated, not tokenized.
         predictor_error: ``pdgate_predictor_relative_error{what}``:
-            (predicted - observed) / observed for ``ttft``, ``prefill``,
+            ``|predicted - observed| / observed`` for ``ttft``, ``prefill``,
             ``decode_step``.
+        predictor_bias: ``pdgate_predictor_bias{what}``: moving average of
+            the signed ``(predicted - observed) / observed`` (> 0: predicts high).
         scrape_errors: ``pdgate_scrape_errors_total{instance}``.
         scrape_stale: ``pdgate_instance_scrape_stale{instance}`` (1 = stale).
         admission_waiting: ``pdgate_admission_waiting`` (queued prefill legs).
@@ -83,8 +85,10 @@ class GatewayMetrics:
                                        "Prompts whose token count was estimated instead of tokenized.",
                                        ["reason"], registry=r)
         self.predictor_error = Histogram("pdgate_predictor_relative_error",
-                                         "Latency predictor error, (predicted - observed) / observed.",
+                                         "Latency predictor error, |predicted - observed| / observed.",
                                          ["what"], buckets=_ERR_BUCKETS, registry=r)
+        self.predictor_bias = Gauge("pdgate_predictor_bias",
+                                    "Moving average of (predicted - observed) / observed.", ["what"], registry=r)
         self.scrape_errors = Counter("pdgate_scrape_errors", "Failed /metrics scrapes per instance.",
                                      ["instance"], registry=r)
         self.scrape_stale = Gauge("pdgate_instance_scrape_stale",

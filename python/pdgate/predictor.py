@@ -37,8 +37,9 @@ Online refit: the coefficients are written ``theta_j = theta0_j * w_j`` and
 the gateway's own observations: prefill-leg latencies (features: steps,
 tokens, attention) and inter-token gaps of decode streams (features: 1, B,
 K). The prior counts as ``prior_weight`` observations, so a few noisy
-samples cannot swing the model. Relative errors are exported as
-``pdgate_predictor_relative_error{what}``.
+samples cannot swing the model. Errors are exported as
+``pdgate_predictor_relative_error{what}`` (absolute, relative) and
+``pdgate_predictor_bias{what}`` (signed moving average).
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ class LatencyPredictor:
         self._decode_fit = _RidgeToPrior(3, window)
         self._lock = threading.Lock()
         self._n_prefill_obs = 0
+        self.bias: dict[str, float] = {}
+        self._offset: dict[str, float] = {}  # route kind -> learned TTFT overhead, seconds  # what -> moving average of the signed relative error
         self._n_decode_obs = 0
 
     @classmethod
@@ -300,21 +303,45 @@ class LatencyPredictor:
                     self._prefill_fit.solve()
 
     def observe_decode_gap(self, batch: int, kv_tokens: int, observed_s: float) -> None:
-        """An inter-token gap of ``observed_s`` seconds at batch ``batch`` with ``kv_tokens``."""
+        """An inter-token gap of ``observed_s`` seconds at batch ``batch`` with ``kv_tokens``.
+
+        Gaps under a fifth of the prediction are dropped: they are chunks the
+        gateway read late and back to back (its own scheduling delay), not
+        engine steps.
+        """
         predicted = self.decode_step(batch, kv_tokens)
+        if observed_s < 0.2 * predicted:
+            return
         self._export("decode_step", predicted, observed_s)
         if self.refit:
             with self._lock:
                 self._decode_fit.add(self._decode_features(batch, kv_tokens), observed_s)
                 self._n_decode_obs += 1
-                if self._n_decode_obs % 32 == 0:
+                if self._n_decode_obs % 128 == 0:
                     self._decode_fit.solve()
 
-    def observe_ttft(self, predicted_s: float, observed_s: float) -> None:
-        """Record the error of a TTFT prediction (no refit: it mixes every term)."""
+    def ttft_offset(self, kind: str) -> float:
+        """Learned fixed TTFT overhead (seconds) of a route kind (``pd``, ``deflect``)."""
+        return self._offset.get(kind, 0.0)
+
+    def observe_ttft(self, predicted_s: float, observed_s: float, kind: str | None = None,
+                     model_s: float | None = None) -> None:
+        """Record the error of a TTFT prediction; with ``kind`` and the model part
+        ``model_s`` (the prediction without the learned offset), update that
+        kind's offset: a moving average of ``observed - model`` (HTTP legs,
+        API-server and queueing overheads the step model does not see)."""
         self._export("ttft", predicted_s, observed_s)
+        if self.refit and kind is not None and model_s is not None and math.isfinite(observed_s):
+            resid = min(10.0, max(0.0, observed_s - model_s))
+            old = self._offset.get(kind)
+            self._offset[kind] = resid if old is None else 0.9 * old + 0.1 * resid
 
     def _export(self, what: str, predicted: float, observed: float) -> None:
-        if self.metrics is None or observed <= 0 or predicted <= 0:
+        if observed <= 0 or predicted <= 0:
             return
-        self.metrics.predictor_error.labels(what).observe((predicted - observed) / observed)
+        err = (predicted - observed) / observed
+        b = self.bias.get(what)
+        self.bias[what] = err if b is None else 0.95 * b + 0.05 * err
+        if self.metrics is not None:
+            self.metrics.predictor_error.labels(what).observe(abs(err))
+            self.metrics.predictor_bias.labels(what).set(self.bias[what])

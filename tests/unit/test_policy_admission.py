@@ -124,3 +124,38 @@ async def test_aging_bounds_the_wait() -> None:
     adm.release(holder)
     await asyncio.gather(low, *urgent)
     assert order[0] == "low"
+
+
+async def test_deadline_defers_doomed_requests() -> None:
+    pol = create_policy("deadline", config=cfg(request_parallel={"max_in_flight": 1},
+                                               priority={"aging_rate": 0.0, "max_wait_s": None}))
+    p0 = snapshot_fleet(1, 1).by_role("prefill")[0]
+    adm = AsyncAdmission(pol.aging_rate, pol.max_wait_s)
+    holder = await adm.wait(pol.ticket(request(10), p0).lanes)
+    order: list[str] = []
+
+    async def go(name: str, doomed: bool) -> None:
+        t = pol.ticket(request(10, doomed=doomed), p0)
+        eid = await adm.wait(t.lanes, t.priority)
+        order.append(name)
+        await asyncio.sleep(0.002)
+        adm.release(eid)
+
+    tasks = [asyncio.create_task(go("late1", True))]
+    await asyncio.sleep(0.002)
+    tasks += [asyncio.create_task(go("ok1", False)), asyncio.create_task(go("late2", True)),
+              asyncio.create_task(go("ok2", False))]
+    await asyncio.sleep(0.01)
+    adm.release(holder)
+    await asyncio.gather(*tasks)
+    assert order == ["ok1", "ok2", "late1", "late2"]
+
+
+def test_queue_ahead_skips_deferred() -> None:
+    p0 = snapshot_fleet(1, 1).by_role("prefill")[0]
+    p0.add_prefill("a", 100)
+    p0.add_prefill("b", 200)
+    p0.deferred.add("b")
+    assert p0.queue_ahead() == [100]
+    p0.done_prefill("b")
+    assert p0.deferred == set() and p0.outstanding_prefill_tokens == 100

@@ -133,3 +133,15 @@ def test_positional_pools_in_config() -> None:
                         prefill_pools=["short", "long"], decode_pools=["short"], pools=POOLS)
     assert [(i.url, i.pool) for i in Fleet.from_config(cfg).instances] == [
         ("http://a:1", "short"), ("http://b:1", "long"), ("http://c:1", "short"), ("http://e:1", None)]
+
+
+def test_presets_are_valid_configs() -> None:
+    from pdgate.config import GatewayConfig
+    from pdgate.presets import routing_presets
+
+    for label, cfg in routing_presets("a100-dsv2-lite", speed=2.0).items():
+        c = GatewayConfig(prefill=["http://p0:1", "http://p1:1"], decode=["http://d0:1", "http://d1:1"], **cfg)
+        assert c.slo.classes["default"].ttft_s == 1.0, label
+    c = GatewayConfig(prefill=["http://p0:1", "http://p1:1"], decode=["http://d0:1", "http://d1:1"],
+                      **routing_presets()["dedicated"])
+    assert [i.pool for i in c.instances()] == ["short", "long", "short", "long"]

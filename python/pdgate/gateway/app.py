@@ -14,6 +14,7 @@ raises escapes as a bare 500 page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -72,15 +73,29 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
     """
     fleet = Fleet.from_config(config)
     metrics = GatewayMetrics()
+    # httpx logs every upstream request at INFO (scrapes included): far too chatty.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
-        async with httpx.AsyncClient(limits=limits, transport=transport,
-                                     timeout=httpx.Timeout(60.0)) as client:
+        # One connection pool per instance: httpcore scans its whole pool on
+        # every request, so one shared pool of hundreds of connections costs
+        # CPU per request that grows with the fleet's concurrency.
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+        timeout = httpx.Timeout(60.0)
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(limits=limits, transport=transport, timeout=timeout))
+            per_instance = {
+                i.url: await stack.enter_async_context(
+                    httpx.AsyncClient(limits=limits, transport=transport, timeout=timeout))
+                for i in fleet.instances}
+            scrape_client = await stack.enter_async_context(
+                httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+                                  transport=transport, timeout=timeout))
             app.state.client = client
-            app.state.proxy = PDProxy(config, fleet, metrics, client)
-            scraper = MetricsScraper(fleet, client, config.scrape, metrics)
+            app.state.proxy = PDProxy(config, fleet, metrics, client, clients=per_instance)
+            scraper = MetricsScraper(fleet, scrape_client, config.scrape, metrics)
             app.state.scraper = scraper
             scraper.start()
             try:

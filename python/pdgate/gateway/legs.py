@@ -35,6 +35,8 @@ def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
 
     Counts content chunks (events whose ``choices`` is non-empty) as tokens
     and reads ``usage.completion_tokens`` when the stream carries usage.
+    Hot path (once per token): an event is JSON-parsed only when the cheap
+    byte checks cannot classify it (usage chunks, unusual spacing).
     """
     new = 0
     while True:
@@ -49,6 +51,15 @@ def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
             data = line[5:].strip()
             if data == b"[DONE]" or not data:
                 continue
+            if b'"usage"' not in data:
+                if b'"choices":[{' in data or b'"choices": [{' in data:
+                    stats.tokens += 1
+                    new += 1
+                    if stats.first_token is None:
+                        stats.first_token = now
+                    continue
+                if b'"choices":[]' in data or b'"choices": []' in data or b'"choices"' not in data:
+                    continue
             try:
                 obj = json.loads(data)
             except json.JSONDecodeError:

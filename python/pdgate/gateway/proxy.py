@@ -48,6 +48,21 @@ from pdgate.state.tokens import TokenCounter
 
 log = logging.getLogger("pdgate.proxy")
 
+try:  # orjson (when installed) encodes a long token-id prompt ~50x faster than json
+    import orjson as _orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return _orjson.dumps(obj)
+
+    _loads = _orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    _loads = json.loads
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
 #: The request-side ``kv_transfer_params`` that asks a prefill instance to
 #: keep the KV cache for a remote decode (vLLM NixlConnector protocol).
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -91,15 +106,18 @@ class PDProxy:
         client: a shared ``httpx.AsyncClient`` (owned by the app).
         predictor: latency predictor (default: built from ``config.predictor``).
         tokens: prompt token counter (default: built from ``config.tokenizer``).
+        clients: per-instance clients by URL (default: ``client`` for all).
     """
 
     def __init__(self, config: GatewayConfig, fleet: Fleet, metrics: GatewayMetrics,
                  client: httpx.AsyncClient, predictor: LatencyPredictor | None = None,
-                 tokens: TokenCounter | None = None) -> None:
+                 tokens: TokenCounter | None = None,
+                 clients: dict[str, httpx.AsyncClient] | None = None) -> None:
         self.config = config
         self.fleet = fleet
         self.metrics = metrics
         self.client = client
+        self.clients = dict(clients or {})
         self.prefill_policy = create_policy(config.prefill_policy, config=config)
         self.decode_policy = create_policy(config.decode_policy, config=config)
         self.route_policy = create_policy(config.route_policy, config=config)
@@ -122,6 +140,9 @@ class PDProxy:
     def _release(self, inst: Instance) -> None:
         inst.release()
         self.metrics.in_flight.labels(inst.url, inst.role).set(inst.in_flight)
+
+    def _client(self, inst: Instance) -> httpx.AsyncClient:
+        return self.clients.get(inst.url, self.client)
 
     def _headers(self, client_headers: dict[str, str], request_id: str) -> dict[str, str]:
         h = {k: v for k, v in client_headers.items() if k.lower() in FORWARDED_HEADERS}
@@ -211,11 +232,14 @@ class PDProxy:
         n = info.tokens
         inst.add_prefill(info.request_id, n)
         entry: int | None = None
+        if info.doomed:
+            inst.deferred.add(info.request_id)
         try:
             entry = await self._admit(info, inst, disconnected)
         except BaseException:
             inst.done_prefill(info.request_id)
             raise
+        inst.deferred.discard(info.request_id)
         sent = self._dispatched.setdefault(inst.url, {})
         ahead = list(sent.values())
         sent[info.request_id] = n
@@ -223,13 +247,15 @@ class PDProxy:
         reason = None
         start = time.monotonic()
         try:
-            resp = await self.client.post(f"{inst.url}/v1/{endpoint}", json=prefill_body(body),
-                                          headers=headers, timeout=self._prefill_timeout)
+            resp = await self._client(inst).post(f"{inst.url}/v1/{endpoint}", content=_dumps(prefill_body(body)),
+                                                 headers={**headers, **_JSON_HEADERS},
+                                                 timeout=self._prefill_timeout)
             if resp.status_code != 200:
                 reason = f"http_{resp.status_code // 100}xx"
                 log.warning("prefill %s on %s answered %s", info.request_id, inst.url, resp.status_code)
             else:
-                params = resp.json().get("kv_transfer_params")
+                data = _loads(resp.content)
+                params = data.get("kv_transfer_params") if isinstance(data, dict) else None
                 if isinstance(params, dict) and params:
                     self.predictor.observe_prefill(ahead, n, time.monotonic() - start)
                     return params
@@ -272,6 +298,7 @@ class PDProxy:
             body["priority"] = info.priority
         headers = self._headers(client_headers, request_id)
         decision = self.decide(info)
+        info.doomed = decision.predicted.get("miss", 0.0) >= 1.0
         kv_params = None
         if decision.kind == "pd" and decision.prefill is not None:
             try:
@@ -291,7 +318,7 @@ class PDProxy:
             return await self._relay_error(resp, leg, route, arrival)
         if stream:
             return StreamingResponse(
-                self._relay_stream(resp, leg, route, arrival, decision.predicted.get("ttft_s")),
+                self._relay_stream(resp, leg, route, arrival, decision.predicted),
                 status_code=200,
                 media_type="text/event-stream",
                 headers={"X-Request-Id": request_id, "Cache-Control": "no-cache"},
@@ -326,6 +353,7 @@ class PDProxy:
         if first is not None and first not in candidates:
             candidates.append(first)
         last_error = "no decode instance"
+        payload = _dumps(body)
         while candidates:
             inst = first if first is not None else self.decode_policy.select(candidates, info)
             first = None
@@ -335,9 +363,10 @@ class PDProxy:
                             deflected=route == "deflect", tpot_slo_s=info.tpot_slo_s,
                             output_tokens=info.output_tokens)
             try:
-                req = self.client.build_request("POST", f"{inst.url}/v1/{endpoint}", json=body,
-                                                headers=headers, timeout=self._decode_timeout)
-                return await self.client.send(req, stream=True), leg
+                client = self._client(inst)
+                req = client.build_request("POST", f"{inst.url}/v1/{endpoint}", content=payload,
+                                           headers={**headers, **_JSON_HEADERS}, timeout=self._decode_timeout)
+                return await client.send(req, stream=True), leg
             except httpx.ConnectError as e:
                 leg.finish()
                 self._release(inst)
@@ -378,7 +407,7 @@ class PDProxy:
         return JSONResponse(payload, status_code=resp.status_code)
 
     async def _relay_stream(self, resp: httpx.Response, leg: DecodeLeg, route: str,
-                            arrival: float, predicted_ttft: float | None = None) -> AsyncIterator[bytes]:
+                            arrival: float, predicted: dict[str, float] | None = None) -> AsyncIterator[bytes]:
         """Relay the decode SSE stream byte for byte; measure TTFT/TPOT.
 
         The instance's in-flight count and fleet state drop only when the
@@ -387,6 +416,8 @@ class PDProxy:
         feed the predictor's decode-step refit.
         """
         inst = leg.inst
+        predicted = predicted or {}
+        predicted_ttft = predicted.get("ttft_s")
         stats = StreamStats(arrival=arrival)
         buf = bytearray()
         outcome = "success"
@@ -420,8 +451,14 @@ class PDProxy:
             self.metrics.e2e.observe(end - arrival)
             if outcome == "success" and stats.first_token is not None:
                 self.metrics.ttft.observe(stats.first_token - arrival)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("done %s on %s route=%s ttft=%.4f predicted_ttft=%s tokens=%d e2e=%.4f",
+                              leg.request_id, inst.url, route, stats.first_token - arrival,
+                              f"{predicted_ttft:.4f}" if predicted_ttft else None, stats.tokens, end - arrival)
                 if predicted_ttft:
-                    self.predictor.observe_ttft(predicted_ttft, stats.first_token - arrival)
+                    kind = route if route in ("pd", "deflect") else None
+                    self.predictor.observe_ttft(predicted_ttft, stats.first_token - arrival, kind,
+                                                predicted.get("ttft_model_s"))
                 n = stats.usage_tokens if stats.usage_tokens is not None else stats.tokens
                 if n > 1:
                     self.metrics.tpot.observe((end - stats.first_token) / (n - 1))

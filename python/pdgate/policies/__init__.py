@@ -4,7 +4,7 @@ Instance policies (``prefill_policy`` / ``decode_policy``): ``round_robin``,
 ``least_load``, ``power_of_two``, ``prefix_aware``. Route policies
 (``route_policy``): ``pd``, ``dedicated``, ``deflection``, ``goodput``.
 Admission policies (``admission_policy``): ``none``, ``request_parallel``,
-``priority``. Importing this package registers them all.
+``priority``, ``deadline``. Importing this package registers them all.
 """
 
 from pdgate.policies.base import (
@@ -23,6 +23,7 @@ from pdgate.policies import (  # noqa: F401  (registers)
     no_admission as _no_admission,
     request_parallel as _request_parallel,
     priority as _priority,
+    deadline as _deadline,
 )
 
 __all__ = ["AdmissionTicket", "RequestInfo", "RouteContext", "RouteDecision", "RoutingPolicy",

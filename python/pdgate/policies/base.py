@@ -38,6 +38,8 @@ class RequestInfo:
         priority: priority class (lower = more urgent), from the body's
             ``priority`` or the priority header.
         slo_class: SLO class name; ``ttft_slo_s`` / ``tpot_slo_s`` its targets.
+        doomed: the route policy predicts it misses its SLO whatever it does
+            (set after the decision; the ``deadline`` admission defers it).
     """
 
     request_id: str
@@ -48,6 +50,7 @@ class RequestInfo:
     slo_class: str = "default"
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
+    doomed: bool = False
 
     @property
     def output_tokens(self) -> int | None:

@@ -65,14 +65,18 @@ class GoodputRoute:
             for p in pre:
                 pr = pd_prediction(ctx, p, d, req)
                 others = slowed_past_slo(d, pr["step_before_s"], pr["step_after_s"] - pr["step_before_s"])
-                cost = self._self_cost(pr, req) + w * others + self._pool_penalty(ctx, [p, d], req)
-                out.append((cost, RouteDecision("pd", prefill=p, decode=d, predicted={**pr, "cost": cost})))
+                own = self._self_cost(pr, req)
+                cost = own + w * others + self._pool_penalty(ctx, [p, d], req)
+                out.append((cost, RouteDecision("pd", prefill=p, decode=d,
+                                                predicted={**pr, "cost": cost, "miss": float(own >= 1.0)})))
             if self.cfg.allow_deflection and d.deflected_in_flight < self.cfg.max_deflected_per_decode:
                 pr = deflect_prediction(ctx, d, req)
                 others = slowed_past_slo(d, pr["step_before_s"], pr["step_with_chunk_s"] - pr["step_before_s"],
                                          pr["prefill_steps"])
-                cost = self._self_cost(pr, req) + w * others + self._pool_penalty(ctx, [d], req)
-                out.append((cost, RouteDecision("deflect", decode=d, predicted={**pr, "cost": cost})))
+                own = self._self_cost(pr, req)
+                cost = own + w * others + self._pool_penalty(ctx, [d], req)
+                out.append((cost, RouteDecision("deflect", decode=d,
+                                                predicted={**pr, "cost": cost, "miss": float(own >= 1.0)})))
         return out
 
     def decide(self, ctx: RouteContext, request: RequestInfo) -> RouteDecision:

@@ -17,10 +17,41 @@ def pd_prediction(ctx: RouteContext, p: Instance, d: Instance, req: RequestInfo)
     and ``step_after_s`` of ``d``'s decode step without and with it."""
     pr = ctx.predictor
     n = req.tokens
-    out = pr.ttft_pd(list(p.prefill_jobs.values()), n, d.decode_batch, d.kv_tokens)
+    out = pr.ttft_pd(p.queue_ahead(), n, d.decode_batch, d.kv_tokens)
     out["step_before_s"] = pr.decode_step(d.decode_batch, d.kv_tokens)
-    out["step_after_s"] = out["tpot_s"] = pr.decode_step(d.decode_batch + 1, d.kv_tokens + n)
+    out["step_after_s"] = pr.decode_step(d.decode_batch + 1, d.kv_tokens + n)
+    out["tpot_s"] = out["step_after_s"] + local_prefill_drag_s(ctx, d, req)
+    out["decode_wait_s"] = local_prefill_wait_s(ctx, d)
+    out["ttft_s"] += out["decode_wait_s"]
+    out["ttft_model_s"] = out["ttft_s"]
+    out["ttft_s"] += pr.ttft_offset("pd")
     return out
+
+
+def local_prefill_wait_s(ctx: RouteContext, d: Instance) -> float:
+    """Extra delay before a P/D request's first decode step on ``d`` caused by
+    prompts ``d`` prefills itself: vLLM schedules running requests first, so
+    a request whose KV just arrived gets budget only once those prefills leave
+    room; at least its first step carries their chunk."""
+    if not d.prefill_jobs:
+        return 0.0
+    pr = ctx.predictor
+    jobs = list(d.prefill_jobs.values())
+    budget = pr.base.max_num_batched_tokens - d.decode_batch
+    if sum(jobs) >= budget:
+        return pr.prefill_time(jobs, d.decode_batch)
+    chunk = pr.chunk_tokens(sum(jobs), d.decode_batch)
+    return pr.decode_step(d.decode_batch, d.kv_tokens, chunk) - pr.decode_step(d.decode_batch, d.kv_tokens)
+
+
+def local_prefill_drag_s(ctx: RouteContext, d: Instance, req: RequestInfo) -> float:
+    """Mean TPOT added to a request decoding on ``d`` by the prompts ``d`` still
+    has to prefill itself (deflected or decode-only): their prefill time
+    spread over the request's output tokens (at most all of it)."""
+    if not d.prefill_jobs:
+        return 0.0
+    pf = ctx.predictor.prefill_time(list(d.prefill_jobs.values()), d.decode_batch + 1)
+    return pf / max(1, req.output_tokens or 16)
 
 
 def deflect_prediction(ctx: RouteContext, d: Instance, req: RequestInfo) -> dict[str, float]:
@@ -31,6 +62,8 @@ def deflect_prediction(ctx: RouteContext, d: Instance, req: RequestInfo) -> dict
     out = pr.ttft_deflect(list(d.prefill_jobs.values()), n, d.decode_batch, d.kv_tokens)
     out["step_before_s"] = pr.decode_step(d.decode_batch, d.kv_tokens)
     out["tpot_s"] = pr.decode_step(d.decode_batch + 1, d.kv_tokens + n)
+    out["ttft_model_s"] = out["ttft_s"]
+    out["ttft_s"] += pr.ttft_offset("deflect")
     return out
 
 

@@ -31,6 +31,8 @@ _GAUGES = {
     "vllm:gpu_cache_usage_perc": "kv_cache_usage_perc",
 }
 
+_PREFIXES = tuple(_GAUGES)
+
 #: Consecutive connection failures before an instance is marked unhealthy.
 UNHEALTHY_AFTER = 3
 
@@ -39,7 +41,7 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
     """The load gauges out of a Prometheus text exposition (labels summed)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line or line[0] == "#":
+        if not line.startswith(_PREFIXES):
             continue
         name_end = len(line)
         for sep in ("{", " "):

@@ -1,7 +1,8 @@
 """Prompt token counting for routing decisions.
 
-Order of sources: a prompt given as token ids is counted exactly; text goes
-to the local tokenizer (``tokenizer.path``) or, if configured, an instance's
+Order of sources: a prompt given as token ids is counted exactly; with
+``tokenizer.words`` text counts one token per whitespace-separated word (the
+simulator's rule); otherwise text goes to the local tokenizer (``tokenizer.path``) or, if configured, an instance's
 ``POST /tokenize`` (vLLM's endpoint, answer ``{"count": N, ...}``). Counts
 are cached (LRU by prompt). When no source works the count is estimated as
 one token per 4 UTF-8 bytes, and every estimate is counted in
@@ -27,8 +28,9 @@ def _token_id_prompt(prompt: Any) -> list[int] | None:
     """The ids of a token-id prompt (``[1,2,3]`` or ``[[1,2,3]]``), else ``None``."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                   for t in prompt):
+    # Hot path: a JSON list of ints is checked at its ends only (the instance
+    # validates every element; a mixed list only makes the count approximate).
+    if (isinstance(prompt, list) and prompt and type(prompt[0]) is int and type(prompt[-1]) is int):
         return prompt
     return None
 
@@ -98,6 +100,8 @@ class TokenCounter:
             if ids is not None:
                 return len(ids)
         text = prompt_text(endpoint, body)
+        if self.config.words:
+            return max(1, len(text.split()))
         key = hashlib.blake2b(f"{endpoint}\0{text}".encode(), digest_size=16).hexdigest()
         hit = self._cache.get(key)
         if hit is not None:

@@ -1,0 +1,46 @@
+"""Named pdgate routing configurations for benchmarks (``bench/goodput.py``).
+
+Each preset is a dict of :class:`pdgate.config.GatewayConfig` fields to
+merge over the instance lists. :func:`routing_presets` scales the latency
+model and the SLOs to a simulated fleet's clock: the gateway measures wall
+time, a fleet simulated ``speed`` times faster than real time finishes
+everything ``speed`` times sooner, so the profile's coefficients and the SLO
+targets are divided by ``speed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: float = 2.0,
+                    slo_tpot_s: float = 0.1, long_tokens: int = 4096,
+                    sim_words: bool = False) -> dict[str, dict[str, Any]]:
+    """Route/admission presets by label (instance-policy-only configs are not included).
+
+    Args:
+        profile: simulator profile seeding the predictor (``None``: defaults).
+        speed: simulated seconds per wall second of the fleet.
+        slo_ttft_s / slo_tpot_s: the SLO pair, in (simulated) seconds.
+        long_tokens: boundary of the short and long pools (``dedicated``);
+            pools alternate over the instances (short, long, short, ...).
+        sim_words: count text prompts as the simulator does (one token per word).
+    """
+    common: dict[str, Any] = {
+        "prefill_policy": "least_load", "decode_policy": "least_load",
+        "predictor": {"profile": profile, "time_scale": speed},
+        "slo": {"classes": {"default": {"ttft_s": slo_ttft_s / speed, "tpot_s": slo_tpot_s / speed}}},
+        "tokenizer": {"words": sim_words},
+    }
+    pools = {"short": {"max_tokens": long_tokens}, "long": {"min_tokens": long_tokens}}
+    alternate = ["short", "long"] * 32
+    return {
+        "request_parallel": {**common, "admission_policy": "request_parallel"},
+        "priority": {**common, "admission_policy": "priority"},
+        "dedicated": {**common, "route_policy": "dedicated", "pools": pools,
+                      "prefill_pools": alternate, "decode_pools": alternate},
+        "deflection": {**common, "route_policy": "deflection"},
+        "goodput": {**common, "route_policy": "goodput"},
+        "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
+                             "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
+    }
