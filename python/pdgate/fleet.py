@@ -188,6 +188,39 @@ class Fleet:
         return cls([Instance(url=i.url, role=i.role, pool=i.pool) for i in config.instances()],
                    config.pools)
 
+    def get(self, url: str) -> Instance | None:
+        """The instance with base URL ``url`` (normalized as in the config), or ``None``."""
+        for i in self.instances:
+            if i.url == url:
+                return i
+        return None
+
+    def add(self, url: str, role: Role, pool: str | None = None) -> Instance:
+        """Add an instance at run time (admin API, discovery); returns it.
+
+        The instance list is replaced, not mutated, so a request iterating
+        the old list is unaffected.
+
+        Raises:
+            ValueError: an instance with that URL already exists.
+        """
+        if self.get(url) is not None:
+            raise ValueError(f"instance {url} already in the fleet")
+        inst = Instance(url=url, role=role, pool=pool)
+        self.instances = [*self.instances, inst]
+        return inst
+
+    def remove(self, url: str) -> Instance | None:
+        """Remove the instance at ``url`` from routing; returns it (``None`` if absent).
+
+        Requests already dispatched to it finish normally; new ones no longer
+        see it.
+        """
+        inst = self.get(url)
+        if inst is not None:
+            self.instances = [i for i in self.instances if i is not inst]
+        return inst
+
     def by_role(self, role: Role) -> list[Instance]:
         """Instances that can serve ``role`` (``both`` serves either)."""
         return [i for i in self.instances if i.role == role or i.role == "both"]

@@ -199,3 +199,23 @@ async def test_token_counter_words_mode() -> None:
     tc = TokenCounter(TokenizerConfig(words=True), m)
     assert await tc.count("completions", {"prompt": "w1 w2  w3\nw4"}) == 4
     assert "pdgate_prompt_token_estimates_total{" not in m.render()[0].decode()
+
+
+def test_fleet_add_remove_instances_at_run_time() -> None:
+    from pdgate.fleet import Fleet
+
+    fleet = Fleet([])
+    a = fleet.add("http://a:1", "prefill")
+    fleet.add("http://b:1", "decode", pool="long")
+    assert [i.url for i in fleet.by_role("prefill")] == ["http://a:1"]
+    try:
+        fleet.add("http://a:1", "decode")
+    except ValueError as e:
+        assert "already" in str(e)
+    else:
+        raise AssertionError("duplicate URL accepted")
+    before = fleet.instances
+    assert fleet.remove("http://a:1") is a
+    assert a in before and a not in fleet.instances
+    assert fleet.remove("http://a:1") is None
+    assert fleet.by_role("prefill") == []
