@@ -225,6 +225,50 @@ class ScrapeConfig(_Strict):
     stale_after_s: float = Field(default=1.0, gt=0)
 
 
+class DiscoveryConfig(_Strict):
+    """Where instances come from besides the static lists (see :mod:`pdgate.discovery`).
+
+    Attributes:
+        type: ``static`` (only ``prefill``/``decode``/``instances``) or
+            ``kubernetes`` (watch pods; static instances are kept too).
+        namespace: namespace whose pods are watched (``None``: the gateway
+            pod's own namespace, else ``default``).
+        prefill_selector / decode_selector: label selectors of prefill and
+            decode pods (Kubernetes syntax, ``app=vllm,role=prefill``).
+        role_label: when set, one ``selector`` selects every pod and this
+            label's value (``prefill``, ``decode``, ``both``) gives the role.
+        selector: the label selector used with ``role_label``.
+        pool_label: label naming a pod's context-length pool (optional).
+        port: vLLM HTTP port on each pod (URL ``http://<pod IP>:<port>``).
+        port_annotation: pod annotation overriding ``port`` per pod.
+        scheme: ``http`` or ``https``.
+        kubeconfig: kubeconfig file (``None``: in-cluster config, else ``~/.kube/config``).
+        watch_timeout_s: server-side timeout of one watch call, seconds; the
+            watch is re-listed and resumed after it.
+    """
+
+    type: Literal["static", "kubernetes"] = "static"
+    namespace: str | None = None
+    prefill_selector: str | None = None
+    decode_selector: str | None = None
+    role_label: str | None = None
+    selector: str | None = None
+    pool_label: str | None = None
+    port: int = Field(default=8000, ge=1, le=65535)
+    port_annotation: str | None = "pdgate.io/port"
+    scheme: Literal["http", "https"] = "http"
+    kubeconfig: str | None = None
+    watch_timeout_s: int = Field(default=300, ge=1)
+
+    @model_validator(mode="after")
+    def _selectors(self) -> "DiscoveryConfig":
+        if self.type == "kubernetes" and not (self.prefill_selector or self.decode_selector
+                                              or (self.role_label and self.selector)):
+            raise ValueError("kubernetes discovery needs decode_selector (and prefill_selector), "
+                             "or selector + role_label")
+        return self
+
+
 class GatewayConfig(_Strict):
     """The whole gateway configuration.
 
@@ -239,6 +283,14 @@ class GatewayConfig(_Strict):
             routing policy names from :mod:`pdgate.policies`.
         timeouts: per-leg timeouts.
         max_body_bytes: request bodies above this are refused with 413.
+        policy: vllm-router's ``--policy``: the instance policy of both legs
+            unless ``prefill_policy`` / ``decode_policy`` name their own.
+        prometheus_port: also serve ``/metrics`` on this port (vllm-router's
+            ``--prometheus-port``); ``None``: only on the main port.
+        log_level: root log level.
+        log_format: ``text`` or ``json`` (one JSON object per line with
+            ``request_id`` and ``trace_id`` on lines logged for a request).
+        discovery: instance discovery (static lists, Kubernetes pods).
     """
 
     prefill: list[str] = Field(default_factory=list)
@@ -264,8 +316,22 @@ class GatewayConfig(_Strict):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    policy: str | None = None
+    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
+    log_format: Literal["text", "json"] = "text"
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _general_policy(cls, data: Any) -> Any:
+        """``policy`` fills ``prefill_policy`` / ``decode_policy`` where those are unset."""
+        if isinstance(data, dict) and data.get("policy"):
+            data = dict(data)
+            data.setdefault("prefill_policy", data["policy"])
+            data.setdefault("decode_policy", data["policy"])
+        return data
 
     @field_validator("prefill", "decode")
     @classmethod
@@ -275,7 +341,7 @@ class GatewayConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "GatewayConfig":
         insts = self.instances()
-        if not any(i.role in ("decode", "both") for i in insts):
+        if self.discovery.type == "static" and not any(i.role in ("decode", "both") for i in insts):
             raise ValueError("at least one decode instance is required (--decode URL)")
         urls = [i.url for i in insts]
         if len(set(urls)) != len(urls):
@@ -285,11 +351,11 @@ class GatewayConfig(_Strict):
                 raise ValueError(f"instance {i.url} names unknown pool {i.pool!r}")
         from pdgate.policies import available_policies
 
-        for field, kind in (("prefill_policy", "instance"), ("decode_policy", "instance"),
+        for field, kind in (("prefill_policy", "instance"), ("decode_policy", "instance"), ("policy", "instance"),
                             ("route_policy", "route"), ("admission_policy", "admission")):
             name = getattr(self, field)
             names = available_policies(kind)
-            if name not in names:
+            if name is not None and name not in names:
                 raise ValueError(f"unknown {field} {name!r}; available: {sorted(names)}")
         return self
 

@@ -29,9 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pdgate import __version__
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet
+from pdgate.gateway.context import RequestContextMiddleware
 from pdgate.gateway.errors import GatewayError, error_response
 from pdgate.gateway.proxy import PDProxy
 from pdgate.gateway.validation import parse_body, request_id_from_header, validate_request
+from pdgate.logs import request_id_var
 from pdgate.metrics import GatewayMetrics
 from pdgate.state.scraper import MetricsScraper
 
@@ -98,15 +100,25 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             scraper = MetricsScraper(fleet, scrape_client, config.scrape, metrics)
             app.state.scraper = scraper
             scraper.start()
+            metrics_server = None
+            if config.prometheus_port is not None:  # vllm-router's --prometheus-port
+                from prometheus_client import start_http_server
+
+                metrics_server, _ = start_http_server(config.prometheus_port, config.host,
+                                                      registry=metrics.registry)
             try:
                 yield
             finally:
                 await scraper.stop()
+                if metrics_server is not None:
+                    metrics_server.shutdown()
+                    metrics_server.server_close()
 
     app = FastAPI(title="pdgate", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.fleet = fleet
     app.state.metrics = metrics
+    app.add_middleware(RequestContextMiddleware)  # request id + trace context on every log line
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -127,7 +139,7 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
 
     async def _serve(request: Request, endpoint: str) -> Response:
         arrival = time.monotonic()
-        request_id = request_id_from_header(request.headers.get("x-request-id"))
+        request_id = request_id_var.get() or request_id_from_header(request.headers.get("x-request-id"))
         try:
             body = parse_body(await _read_body(request, config.max_body_bytes))
             validate_request(endpoint, body)

@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet, Instance
+from pdgate.gateway.context import trace_headers
 from pdgate.gateway.errors import GatewayError, error_body
 from pdgate.gateway.legs import DecodeLeg, StreamStats, int_or_none, scan_sse_events
 from pdgate.metrics import GatewayMetrics
@@ -74,8 +75,10 @@ PREFILL_KV_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 
-#: Client headers forwarded to both legs (everything else is dropped).
-FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
+#: Client headers forwarded to both legs (everything else is dropped); the
+#: W3C trace context (``traceparent``, ``tracestate``) is added by
+#: :func:`pdgate.gateway.context.trace_headers` (validated, or a new trace).
+FORWARDED_HEADERS = ("authorization",)
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +149,7 @@ class PDProxy:
 
     def _headers(self, client_headers: dict[str, str], request_id: str) -> dict[str, str]:
         h = {k: v for k, v in client_headers.items() if k.lower() in FORWARDED_HEADERS}
+        h.update(trace_headers(client_headers))
         h["X-Request-Id"] = request_id
         return h
 
