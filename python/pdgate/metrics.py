@@ -43,14 +43,14 @@ class GatewayMetrics:
             ``pool:<name>``...).
         token_estimates: ``pdgate_prompt_token_estimates_total{reason}``:
             prompts whose token count was estimated, not tokenized.
-        predictor_error: ``pdgate_predictor_relative_error{what}``:
+        predictor_error: ``pdgate_predictor_relative_error_ratio{what}``:
             ``|predicted - observed| / observed`` for ``ttft``, ``prefill``,
             ``decode_step``.
-        predictor_bias: ``pdgate_predictor_bias{what}``: moving average of
+        predictor_bias: ``pdgate_predictor_bias_ratio{what}``: moving average of
             the signed ``(predicted - observed) / observed`` (> 0: predicts high).
         scrape_errors: ``pdgate_scrape_errors_total{instance}``.
         scrape_stale: ``pdgate_instance_scrape_stale{instance}`` (1 = stale).
-        admission_waiting: ``pdgate_admission_waiting`` (queued prefill legs).
+        admission_waiting: ``pdgate_admission_waiting_requests`` (queued prefill legs).
         admission_wait: ``pdgate_admission_wait_seconds`` (time queued).
     """
 
@@ -84,17 +84,17 @@ class GatewayMetrics:
         self.token_estimates = Counter("pdgate_prompt_token_estimates",
                                        "Prompts whose token count was estimated instead of tokenized.",
                                        ["reason"], registry=r)
-        self.predictor_error = Histogram("pdgate_predictor_relative_error",
+        self.predictor_error = Histogram("pdgate_predictor_relative_error_ratio",
                                          "Latency predictor error, |predicted - observed| / observed.",
                                          ["what"], buckets=_ERR_BUCKETS, registry=r)
-        self.predictor_bias = Gauge("pdgate_predictor_bias",
+        self.predictor_bias = Gauge("pdgate_predictor_bias_ratio",
                                     "Moving average of (predicted - observed) / observed.", ["what"], registry=r)
         self.scrape_errors = Counter("pdgate_scrape_errors", "Failed /metrics scrapes per instance.",
                                      ["instance"], registry=r)
         self.scrape_stale = Gauge("pdgate_instance_scrape_stale",
                                   "1 when an instance's scraped metrics are older than the staleness bound.",
                                   ["instance"], registry=r)
-        self.admission_waiting = Gauge("pdgate_admission_waiting",
+        self.admission_waiting = Gauge("pdgate_admission_waiting_requests",
                                        "Prefill legs waiting in the admission queue.", registry=r)
         self.admission_wait = Histogram("pdgate_admission_wait_seconds",
                                         "Time a prefill leg waited in the admission queue, seconds.",

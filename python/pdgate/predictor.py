@@ -38,8 +38,8 @@ the gateway's own observations: prefill-leg latencies (features: steps,
 tokens, attention) and inter-token gaps of decode streams (features: 1, B,
 K). The prior counts as ``prior_weight`` observations, so a few noisy
 samples cannot swing the model. Errors are exported as
-``pdgate_predictor_relative_error{what}`` (absolute, relative) and
-``pdgate_predictor_bias{what}`` (signed moving average).
+``pdgate_predictor_relative_error_ratio{what}`` (absolute, relative) and
+``pdgate_predictor_bias_ratio{what}`` (signed moving average).
 """
 
 from __future__ import annotations

@@ -237,6 +237,11 @@ def test_transfer_metrics_exported(fleet: LocalFleet) -> None:
     assert metric(d, "vllm:pdgate_kv_transfer_seconds_count") == metric(d, "vllm:pdgate_kv_transfers_total")
     assert metric(d, "vllm:pdgate_kv_transfer_bytes_total") > 0
     assert metric(p, "vllm:pdgate_kv_released_total") > 0
+    # the same metrics from the connector's own port (Prometheus sidecar target)
+    for srv, name in ((fleet.decode[0], "pdgate_kv_transfers_total"), (fleet.decode[0], "pdgate_kv_transfer_bytes_total"),
+                      (fleet.prefill[0], "pdgate_kv_released_total")):
+        port = srv.spec.connector_extra_config["metrics_port"]
+        assert metric(f"http://127.0.0.1:{port}", name) > 0, name
 
 
 def test_prefill_killed_before_decode_read(fleet: LocalFleet) -> None:
@@ -288,3 +293,40 @@ def test_side_channel_port_and_engine_id_are_checked(tmp_path) -> None:
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_worker_serves_transfer_metrics_on_its_own_port() -> None:
+    """``metrics_port``: the worker's transfer observations appear on its own
+    /metrics (sidecar scrape target) and still reach vLLM's stats path."""
+    torch = pytest.importorskip("torch")
+    from pdgate.connector.metadata import ConnectorConfig
+    from pdgate.connector.worker import PdgateWorker
+    from pdgate.localfleet import free_port
+
+    vcfg = SimpleNamespace(cache_config=SimpleNamespace(block_size=16))
+    caches = {f"model.layers.{i}.attn": torch.zeros(8, 2, 16, 128) for i in range(2)}
+    mport = free_port()
+    w = PdgateWorker(ConnectorConfig("eng-m", "kv_producer", side_channel_port=free_port(), metrics_port=mport,
+                                     metrics_host="127.0.0.1"), vcfg, SimpleNamespace(num_blocks=8))
+    w.register_kv_caches(caches)
+    try:
+        inner = w._transfer_results
+
+        def one_release() -> tuple:
+            w.stats.record_released()
+            w.stats.record_transfer(0.002, 4096)
+            return inner()
+
+        w._transfer_results = one_release  # type: ignore[method-assign]
+        w.transfer_results()
+        w.transfer_results()
+        url = f"http://127.0.0.1:{mport}"
+        assert metric(url, "pdgate_kv_released_total") == 2
+        assert metric(url, "pdgate_kv_transfer_bytes_total") == 8192
+        assert metric(url, "pdgate_kv_transfer_seconds_count") == 2
+        stats = w.take_stats()
+        assert stats is not None and len(stats.data["released"]) == 2
+    finally:
+        w.shutdown()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=2)

@@ -169,8 +169,8 @@ def test_request_parallel_queues_and_disconnect_cancels() -> None:
         wait_for(lambda: len(e.prefill[0].received) == 1)
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(e.url + "/v1/completions", json=req(), timeout=0.2)   # queued, then gone
-        assert "pdgate_admission_waiting 1.0" in e.metrics() or "pdgate_admission_waiting 0.0" in e.metrics()
-        wait_for(lambda: "pdgate_admission_waiting 0.0" in e.metrics())
+        assert "pdgate_admission_waiting_requests 1.0" in e.metrics() or "pdgate_admission_waiting_requests 0.0" in e.metrics()
+        wait_for(lambda: "pdgate_admission_waiting_requests 0.0" in e.metrics())
         t.join()
         time.sleep(0.7)
         assert len(e.prefill[0].received) == 1              # the cancelled one never dispatched

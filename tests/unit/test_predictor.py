@@ -75,8 +75,8 @@ def test_refit_converges_to_observed_truth() -> None:
     assert before > 0.4 and after < 0.1
     assert abs(p.decode_step(32, 20_000) - truth.decode_step(32, 20_000)) / truth.decode_step(32, 20_000) < 0.1
     text = m.render()[0].decode()
-    assert 'pdgate_predictor_relative_error_count{what="prefill"} 300.0' in text
-    assert 'pdgate_predictor_relative_error_count{what="decode_step"} 300.0' in text
+    assert 'pdgate_predictor_relative_error_ratio_count{what="prefill"} 300.0' in text
+    assert 'pdgate_predictor_relative_error_ratio_count{what="decode_step"} 300.0' in text
 
 
 def test_refit_ignores_garbage_and_stays_bounded() -> None:

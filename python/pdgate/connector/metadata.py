@@ -33,6 +33,17 @@ def _extra(extra: dict[str, Any], key: str, envs: tuple[str, ...], default: Any)
     return default
 
 
+def _metrics_port(extra: dict[str, Any], vllm_config: Any) -> int | None:
+    """``metrics_port`` (+ data-parallel index), or ``None`` when unset."""
+    v = _extra(extra, "metrics_port", ("PDGATE_KV_METRICS_PORT",), None)
+    if v is None or str(v).strip().lower() in ("", "none"):
+        return None
+    port = int(v) + int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0)
+    if not 0 < port < 65536:
+        raise ValueError(f"PdgateConnector: metrics_port {port} out of range")
+    return port
+
+
 @dataclass(frozen=True)
 class ConnectorConfig:
     """PdgateConnector settings of one vLLM instance.
@@ -57,6 +68,10 @@ class ConnectorConfig:
       with vLLM on 2 busy cores: ``sm`` ~0.2 ms per pull, ``tcp`` ~40 ms,
       ``sm,tcp`` ~70 ms, and UCX's own choice stalled some pulls until their
       timeout.
+    - ``metrics_port`` [``PDGATE_KV_METRICS_PORT``], default none (off):
+      the worker serves the connector's transfer metrics on this port
+      (+ data-parallel index) for Prometheus (:mod:`pdgate.connector.sidecar`).
+    - ``metrics_host`` [``PDGATE_KV_METRICS_HOST``], default ``0.0.0.0``.
     """
 
     engine_id: str
@@ -66,6 +81,8 @@ class ConnectorConfig:
     lease_ttl_s: float = 30.0
     transfer_timeout_s: float = 20.0
     ucx_transports: str | None = "sm"
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     @staticmethod
     def from_vllm(vllm_config: Any) -> ConnectorConfig:
@@ -84,6 +101,8 @@ class ConnectorConfig:
             lease_ttl_s=float(_extra(extra, "lease_ttl_s", ("PDGATE_KV_LEASE_TTL_S",), 30.0)),
             transfer_timeout_s=float(_extra(extra, "transfer_timeout_s", ("PDGATE_KV_TRANSFER_TIMEOUT_S",), 20.0)),
             ucx_transports=_extra(extra, "ucx_transports", ("PDGATE_KV_UCX_TLS",), "sm") or None,
+            metrics_port=_metrics_port(extra, vllm_config),
+            metrics_host=str(_extra(extra, "metrics_host", ("PDGATE_KV_METRICS_HOST",), "0.0.0.0")),
         )
         if cfg.ucx_transports == "default":
             cfg = dataclasses.replace(cfg, ucx_transports=None)

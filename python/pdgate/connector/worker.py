@@ -26,6 +26,7 @@ from pdgate.connector.metadata import (
     RecvReq,
 )
 from pdgate.connector.metrics import PdgateKVConnectorStats
+from pdgate.connector.sidecar import SidecarMetrics
 
 logger = init_logger("vllm.pdgate_connector")
 
@@ -65,6 +66,7 @@ class PdgateWorker:
         self._leases_out: dict[str, str] = {}
         self._lease_backstop_s = max(4 * cfg.lease_ttl_s, cfg.lease_ttl_s + 600.0)
         self.stats = PdgateKVConnectorStats()
+        self.sidecar: SidecarMetrics | None = None  # own /metrics port (cfg.metrics_port)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -106,6 +108,16 @@ class PdgateWorker:
         _LOCAL_WORKERS[self.cfg.engine_id] = self
         self._thread = threading.Thread(target=self._watch, name="pdgate-kv-events", daemon=True)
         self._thread.start()
+        if self.cfg.metrics_port is not None:
+            sidecar = SidecarMetrics(self.cfg.engine_id, self.cfg.kv_role)
+            try:
+                port = sidecar.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+                self.sidecar = sidecar
+                logger.info("PdgateConnector %s: transfer metrics on %s:%d/metrics", self.cfg.engine_id,
+                            self.cfg.metrics_host, port)
+            except OSError as e:  # metrics must not take the instance down
+                logger.error("PdgateConnector: cannot serve metrics on %s:%d (%s); every instance on a "
+                             "host needs its own metrics_port", self.cfg.metrics_host, self.cfg.metrics_port, e)
         logger.info("PdgateConnector %s (%s): %d layers x %d blocks of %d B, metadata on %s:%d, UCX %s",
                     self.cfg.engine_id, self.cfg.kv_role, len(tensors), kernel_blocks,
                     self.bytes_per_block // max(1, len(tensors) * self.ratio), self.cfg.side_channel_host,
@@ -201,7 +213,18 @@ class PdgateWorker:
                 self._xfers[xid] = (rid, r, time.perf_counter())
 
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
-        """(finished_sending, finished_recving, failed_recving) since the last call."""
+        """(finished_sending, finished_recving, failed_recving) since the last call.
+
+        Observations recorded meanwhile also go to the sidecar metrics.
+        """
+        if self.sidecar is None:
+            return self._transfer_results()
+        before = {k: len(v) for k, v in self.stats.data.items()}
+        out = self._transfer_results()
+        self.sidecar.observe({k: v[before.get(k, 0):] for k, v in self.stats.data.items()})
+        return out
+
+    def _transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         sending: set[str] = set()
         recving: set[str] = set()
         failed: set[str] = set()
@@ -285,6 +308,8 @@ class PdgateWorker:
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self.sidecar is not None:
+            self.sidecar.stop()
         if _LOCAL_WORKERS.get(self.cfg.engine_id) is self:
             del _LOCAL_WORKERS[self.cfg.engine_id]
         if self.engine is not None:

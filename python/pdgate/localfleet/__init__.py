@@ -90,7 +90,9 @@ class LocalFleet:
         return VllmServerSpec(
             model_dir=str(self.model_dir), port=port, role=role, connector=self.connector,
             connector_module=self.connector_module, side_channel_port=free_port(),
-            max_model_len=self.max_model_len, log_path=str(self.log_dir / f"{role}-{port}.log"))
+            max_model_len=self.max_model_len, log_path=str(self.log_dir / f"{role}-{port}.log"),
+            # PdgateConnector's own metrics port (sidecar scrape target)
+            connector_extra_config=({"metrics_port": free_port()} if self.connector == "PdgateConnector" else {}))
 
     def start(self) -> "LocalFleet":
         """Build the model if needed, start every process, wait until all are ready."""
