@@ -100,6 +100,10 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             scraper = MetricsScraper(fleet, scrape_client, config.scrape, metrics)
             app.state.scraper = scraper
             scraper.start()
+            from pdgate.discovery import start_discovery
+
+            discovery = start_discovery(config, fleet, asyncio.get_running_loop())
+            app.state.discovery = discovery
             metrics_server = None
             if config.prometheus_port is not None:  # vllm-router's --prometheus-port
                 from prometheus_client import start_http_server
@@ -110,6 +114,8 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
                 yield
             finally:
                 await scraper.stop()
+                if discovery is not None:
+                    await asyncio.to_thread(discovery.stop)
                 if metrics_server is not None:
                     metrics_server.shutdown()
                     metrics_server.server_close()
