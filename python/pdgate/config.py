@@ -94,6 +94,11 @@ class SloConfig(_Strict):
     """SLO classes; a request picks one with ``header`` or the ``slo_class`` body field.
 
     The body field is removed before forwarding (vLLM does not know it).
+
+    Attributes:
+        header: request header naming the SLO class.
+        default: class of a request that names none.
+        classes: class name -> targets (``ttft_s``, ``tpot_s``, seconds).
     """
 
     header: str = "x-slo-class"
@@ -110,7 +115,13 @@ class SloConfig(_Strict):
 class RequestParallelConfig(_Strict):
     """``request_parallel`` admission: per prefill instance at most
     ``max_in_flight`` prefills, at most ``max_long`` of them longer than
-    ``long_threshold_tokens``; shorter ones pass queued long ones."""
+    ``long_threshold_tokens``; shorter ones pass queued long ones.
+
+    Attributes:
+        max_in_flight: prefill legs in flight per prefill instance.
+        max_long: long prefills in flight per prefill instance.
+        long_threshold_tokens: prompt tokens above which a prefill is long.
+    """
 
     max_in_flight: int = Field(default=4, ge=1)
     max_long: int = Field(default=1, ge=1)
@@ -182,6 +193,22 @@ class PredictorConfig(_Strict):
     override it. ``time_scale`` divides every time coefficient (a fleet
     simulated ``time_scale`` times faster than real time). ``refit``
     re-estimates them online from observed latencies.
+
+    Attributes:
+        profile: simulator profile name or YAML path seeding the coefficients.
+        step_base_s: fixed cost of one engine step, seconds.
+        prefill_token_s: prefill time per prompt token, seconds.
+        prefill_attn_s: prefill attention time per token squared, seconds.
+        decode_seq_s: decode step time per running sequence, seconds.
+        decode_kv_token_s: decode step time per KV token held, seconds.
+        kv_bytes_per_token: KV cache bytes per token (all layers).
+        kv_transfer_bandwidth_Bps: KV transfer bandwidth, bytes per second.
+        kv_transfer_latency_s: fixed KV transfer latency, seconds.
+        max_num_batched_tokens: the instances' token budget per step.
+        long_prefill_token_threshold: the instances' chunk cap for one long prefill (0 = none).
+        time_scale: divides every time coefficient (simulated fleets running faster than real time).
+        refit: re-estimate coefficients online from observed latencies.
+        refit_window: observations kept for the refit.
     """
 
     profile: str | None = None
@@ -218,7 +245,13 @@ class TokenizerConfig(_Strict):
 
 
 class ScrapeConfig(_Strict):
-    """Scraping of each instance's ``/metrics``."""
+    """Scraping of each instance's ``/metrics``.
+
+    Attributes:
+        enabled: scrape at all (off: policies use the gateway's own counters only).
+        interval_s: seconds between two scrapes of an instance.
+        stale_after_s: scraped values older than this are ignored (``pdgate_instance_scrape_stale``).
+    """
 
     enabled: bool = True
     interval_s: float = Field(default=0.1, gt=0, le=60)
