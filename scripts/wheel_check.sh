@@ -8,15 +8,25 @@
 #   PDGATE_WHEEL=dist/x.whl bash scripts/wheel_check.sh   # check a built wheel
 #
 # Environment: PDGATE_VENV (the dev venv holding maturin, default .venv),
-# PYTHON (interpreter for the new venv), PDGATE_MANYLINUX (compatibility tag,
-# default manylinux_2_34: the oldest glibc policy the extension's symbols
-# allow when built on glibc 2.36 without zig), PIP_FIND_LINKS (offline mirrors).
+# PYTHON (interpreter for the new venv), PDGATE_MANYLINUX (compatibility tag;
+# default manylinux_2_28 when zig is available (the `ziglang` package of the
+# test extra: maturin --zig links against glibc 2.28), else manylinux_2_34,
+# the oldest policy the extension's symbols allow when linked on Debian 12's
+# glibc 2.36), PIP_FIND_LINKS (offline mirrors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${PDGATE_VENV:-.venv}
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
-TAG=${PDGATE_MANYLINUX:-manylinux_2_34}
+ZIG=()
+if [ -n "${PDGATE_MANYLINUX:-}" ]; then
+  TAG=$PDGATE_MANYLINUX
+elif PATH="$VENV/bin:$PATH" command -v python-zig >/dev/null || command -v zig >/dev/null; then
+  TAG=manylinux_2_28
+  ZIG=(--zig)
+else
+  TAG=manylinux_2_34
+fi
 WORK=$(mktemp -d -t pdgate-wheel-XXXXXX)
 PIDS=()
 cleanup() {
@@ -35,11 +45,12 @@ else
   MATURIN="$VENV/bin/maturin"
   [ -x "$MATURIN" ] || { "$VENV/bin/python" -m pip install -q "maturin>=1.5,<2"; }
   rm -f dist/pdgate-*.whl
-  CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} "$MATURIN" build --release --compatibility "$TAG" -o dist \
+  PATH="$VENV/bin:$PATH" CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} \
+    "$MATURIN" build --release "${ZIG[@]}" --compatibility "$TAG" -o dist \
     >"$WORK/build.log" 2>&1 || fail "maturin build"
   WHEEL=$(ls dist/pdgate-*.whl | head -1)
 fi
-say "wheel $WHEEL"
+say "wheel $WHEEL (${ZIG[*]:-no zig})"
 case "$WHEEL" in *-cp310-abi3-manylinux*_x86_64.whl) ;; *) fail "not an abi3 manylinux x86_64 wheel: $WHEEL" ;; esac
 
 # 2. The extension links only the C runtime: UCX is dlopen'ed from libucx-cu12.
