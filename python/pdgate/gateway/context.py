@@ -75,13 +75,12 @@ def trace_headers(client_headers: dict[str, str] | None = None) -> dict[str, str
     """``traceparent`` (+ ``tracestate``) for the legs of the current request.
 
     Uses the context the middleware set; outside it (direct proxy use) derives
-    one from ``client_headers``.
+    one from ``client_headers`` (a new trace per call: call it once per request).
     """
     ctx = trace_context_var.get()
     if ctx is None:
         lower = {k.lower(): v for k, v in (client_headers or {}).items()}
         ctx = trace_context_from_headers(lower.get("traceparent"), lower.get("tracestate"))
-        trace_context_var.set(ctx)
     out = {"traceparent": ctx[0]}
     if ctx[1]:
         out["tracestate"] = ctx[1]
