@@ -43,6 +43,9 @@ ENV_PREFIX = "PDGATE_"
 #: Environment variable naming the config file (a ``--config`` flag wins).
 CONFIG_ENV = "PDGATE_CONFIG"
 _FLAG_DEST = "cfg:"
+#: policy fields -> policy registry kind (their choices are listed in --help)
+_POLICY_KINDS = {"policy": "instance", "prefill_policy": "instance", "decode_policy": "instance",
+                 "route_policy": "route", "admission_policy": "admission"}
 
 #: vllm-router flag names that mean the same as a pdgate field path (extra
 #: option strings of that field's flag).
@@ -245,7 +248,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         names = [leaf.flag, *ROUTER_ALIASES.get(leaf.path, ())]
         kw: dict[str, Any] = {"dest": _FLAG_DEST + leaf.key, "default": argparse.SUPPRESS}
         default = leaf.default_repr()
-        help_ = f"{leaf.doc} " if leaf.doc else ""
+        help_ = f"{_md(leaf.doc)} " if leaf.doc else ""
+        if leaf.key in _POLICY_KINDS:
+            from pdgate.policies import available_policies
+
+            help_ += f"One of {', '.join(sorted(available_policies(_POLICY_KINDS[leaf.key])))}. "
         help_ += f"[env {leaf.env}; default {json.dumps(default)}]"
         kw["help"] = help_.replace("%", "%%")
         if leaf.kind == "bool":
