@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=["yaml", "json"], default="yaml", help="output format")
     from pdgate.sim.cli import add_parser as _sim_fleet_parser
 
-    _sim_fleet_parser(sub)
+    parser.set_defaults(_sim_fleet_parser=_sim_fleet_parser(sub))
     bench = sub.add_parser("bench", help="run a benchmark (arguments go to it; see its --help)")
     bench.add_argument("bench", choices=sorted(BENCHES), help="which benchmark")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -74,6 +74,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args, "serve")
     if config is None:
         return 2
+    if config.discovery.type == "kubernetes":
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            print("pdgate serve: discovery.type kubernetes needs the kubernetes client: "
+                  "pip install 'pdgate[k8s]'", file=sys.stderr)
+            return 2
     import uvicorn
 
     from pdgate.gateway import create_app
@@ -114,7 +121,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pdgate`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
     if args.command == "check-config":
@@ -122,8 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return cmd_bench(args)
     if args.command == "sim-fleet":
+        import os
+
+        from pdgate.settings import apply_file_env_defaults
         from pdgate.sim.cli import run as cmd_sim_fleet
 
+        try:
+            apply_file_env_defaults(args._sim_fleet_parser, args.config or os.environ.get("PDGATE_SIM_FLEET_CONFIG"),
+                                    os.environ, "PDGATE_SIM_FLEET_")
+        except (ValueError, OSError) as e:
+            print(f"pdgate sim-fleet: invalid configuration: {e}", file=sys.stderr)
+            return 2
+        args = parser.parse_args(argv)  # flags over the file/env defaults
         return cmd_sim_fleet(args)
     return 2  # pragma: no cover - argparse enforces the subcommand
 

@@ -329,6 +329,47 @@ def dump_config(config: GatewayConfig, fmt: Literal["yaml", "json"] = "yaml") ->
     return str(yaml.safe_dump(data, sort_keys=False))
 
 
+def apply_file_env_defaults(parser: argparse.ArgumentParser, config_file: str | Path | None,
+                            environ: Mapping[str, str], env_prefix: str) -> None:
+    """Layer a plain argparse parser's defaults: defaults < file < environment (flags win later).
+
+    For commands without a config model (``pdgate sim-fleet``): the file maps
+    flag names (``time_scale`` or ``time-scale``) to values; the environment
+    variable of a flag is ``env_prefix`` + its dest in upper case
+    (``PDGATE_SIM_FLEET_TIME_SCALE``). String values are converted by the
+    flag's own ``type``; switches take ``1/true/yes/on``; repeated flags take
+    comma-separated lists.
+
+    Raises:
+        ValueError: the file names an unknown flag.
+    """
+    data = {k.replace("-", "_"): v for k, v in (read_config_file(config_file) if config_file else {}).items()}
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")}
+    unknown = set(data) - set(actions)
+    if unknown:
+        raise ValueError(f"{config_file}: unknown keys {sorted(unknown)}; known: {sorted(actions)}")
+    defaults: dict[str, Any] = dict(data)
+    for dest, action in actions.items():
+        raw = environ.get(env_prefix + dest.upper())
+        if raw is None:
+            continue
+        if action.nargs == 0:  # store_true / store_false
+            defaults[dest] = raw.strip().lower() in ("1", "true", "yes", "on")
+            if isinstance(action, argparse._StoreFalseAction):
+                defaults[dest] = not defaults[dest]
+        elif isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*"):
+            defaults[dest] = [x for x in re.split(r"[,\s]+", raw.strip()) if x]
+        else:
+            defaults[dest] = raw
+    for dest, v in list(defaults.items()):
+        action = actions[dest]
+        if isinstance(v, str) and action.type is not None and callable(action.type):
+            defaults[dest] = action.type(v)  # type: ignore[operator]
+        if action.choices is not None and defaults[dest] not in action.choices:
+            raise ValueError(f"{dest}: {defaults[dest]!r} not one of {list(action.choices)}")
+    parser.set_defaults(**defaults)
+
+
 def config_reference() -> str:
     """Markdown reference of every config field (``docs/configuration.md``),
     generated from :class:`GatewayConfig`: key, type, default, environment

@@ -141,3 +141,25 @@ def test_bench_dispatch_and_version() -> None:
     import pdgate
 
     assert v.stdout.strip() == f"pdgate {pdgate.__version__}"
+
+
+def test_sim_fleet_flags_from_file_and_env(tmp_path: Path) -> None:
+    from pdgate.settings import apply_file_env_defaults
+
+    f = tmp_path / "sim.yaml"
+    f.write_text("time-scale: 5\nprefill: 4\nprofile: a100-dsv2-lite\nset: [max_num_seqs=8]\n")
+    parser = build_parser()
+    sim = parser.parse_args(["sim-fleet"])._sim_fleet_parser
+    apply_file_env_defaults(sim, f, {"PDGATE_SIM_FLEET_PREFILL": "3", "PDGATE_SIM_FLEET_NO_PREFIX_CACHING": "true",
+                                     "PDGATE_SIM_FLEET_SCHEDULING_POLICY": "priority"}, "PDGATE_SIM_FLEET_")
+    args = parser.parse_args(["sim-fleet", "--decode", "2"])
+    assert (args.time_scale, args.prefill, args.decode) == (5.0, 3, 2)      # file, env over file, flag
+    assert args.no_prefix_caching is True and args.scheduling_policy == "priority"
+    assert args.profile == "a100-dsv2-lite" and args.set == ["max_num_seqs=8"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prefil: 2\n")
+    with pytest.raises(ValueError, match="unknown keys"):
+        apply_file_env_defaults(sim, bad, {}, "PDGATE_SIM_FLEET_")
+    with pytest.raises(ValueError, match="not one of"):
+        apply_file_env_defaults(sim, None, {"PDGATE_SIM_FLEET_SCHEDULING_POLICY": "lifo"}, "PDGATE_SIM_FLEET_")
+    assert main(["sim-fleet", "--config", str(bad)]) == 2

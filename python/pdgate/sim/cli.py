@@ -16,9 +16,15 @@ import sys
 from typing import Any
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Register the ``sim-fleet`` subcommand."""
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    """Register the ``sim-fleet`` subcommand; returns its parser.
+
+    Every flag can also come from ``--config FILE`` (YAML/JSON, keys = flag
+    names) and ``PDGATE_SIM_FLEET_<FLAG>`` (e.g. ``PDGATE_SIM_FLEET_TIME_SCALE``);
+    precedence defaults < file < environment < flags.
+    """
     p = sub.add_parser("sim-fleet", help="run simulated vLLM instances (vLLM-compatible HTTP API)")
+    p.add_argument("--config", help="YAML/JSON file of these flags (env PDGATE_SIM_FLEET_<FLAG> overrides it)")
     p.add_argument("--prefill", type=int, default=1, help="prefill instances (default 1)")
     p.add_argument("--decode", type=int, default=1, help="decode instances (default 1)")
     p.add_argument("--both", type=int, default=0, help="aggregated instances (prefill and decode)")
@@ -36,6 +42,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
                    help="override a profile field, e.g. --set max_num_seqs=128")
     p.add_argument("--info", help="write the fleet description JSON here")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return p
 
 
 def _overrides(items: list[str]) -> dict[str, Any]:
