@@ -41,6 +41,17 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
                       "prefill_pools": alternate, "decode_pools": alternate},
         "deflection": {**common, "route_policy": "deflection"},
         "goodput": {**common, "route_policy": "goodput"},
+        # pdgate's best on bursty traces (bench/results/goodput*.md): least predicted SLO
+        # violation per request, one deflected prefill per decode instance, the requests it
+        # would slow weighted fully; prefill legs admitted shortest-first (one priority unit
+        # per 1000 prompt tokens, aging 0.1 unit per simulated second, none waits over 60 s),
+        # 4 in flight per prefill instance.
+        "goodput+sjf": {**common, "route_policy": "goodput",
+                        "goodput": {"max_deflected_per_decode": 1, "others_weight": 1.0},
+                        "admission_policy": "priority",
+                        "priority": {"long_threshold_tokens": 1000, "long_penalty": 1,
+                                     "aging_rate": 0.1 * speed, "max_wait_s": 60.0 / speed,
+                                     "max_in_flight": 4}},
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

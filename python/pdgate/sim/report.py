@@ -56,7 +56,113 @@ def goodput_markdown(doc: dict[str, Any]) -> str:
                 f"{r['fleet_stats'].get('preemptions', 0):.0f} | {_f(r['fleet_stats'].get('mean_loop_lag_ms'), 2)}"
                 f"{' (!)' if r.get('lag_flag') else ''} |")
         lines.append("")
+    checks = target_checks(doc)
+    if checks:
+        lines += ["## Policy target (issue: at the rate where vllm-router round_robin attains < 50%)", "",
+                  "Target: pdgate's best cuts P95 TTFT by >= 81%, reaches >= 1.79x round_robin's SLO attainment, "
+                  "P95 TPOT within the SLO.", "",
+                  "| trace | fleet | rate x | RR att. | best pdgate | att. (x RR) | P95 TTFT ms (cut) | "
+                  "P95 TPOT ms | met |", "|---|---|---:|---:|---|---|---|---:|---|"]
+        for c in checks:
+            lines.append(f"| {c['trace']} | {c['fleet']} | {c['rate_scale']:g} | {c['rr_attainment'] * 100:.1f}% | "
+                         f"{c['best']} | {c['best_attainment'] * 100:.1f}% ({c['attainment_ratio']:.2f}x) | "
+                         f"{_f(c['best_p95_ttft_ms'])} ({c['p95_ttft_cut'] * 100:.0f}%) | "
+                         f"{_f(c['best_p95_tpot_ms'], 1)} | "
+                         f"{'yes' if c['met'] else 'no: ' + ', '.join(c['missed'])} |")
+        lines.append("")
     return "\n".join(lines)
+
+
+def summary_markdown(doc: dict[str, Any]) -> str:
+    """The README's results table: per trace, fleet and rate, SLO attainment and P95 TTFT of
+    vllm-router round_robin, the best vllm-router policy, pdgate's best configuration and the
+    aggregated reference, then the policy-target rows (:func:`target_checks`)."""
+    meta = doc["meta"]
+    lines = [f"From `{meta['command']}` ({meta['started_utc']}; profile `{meta['profile']}`, simulator "
+             f"x{meta['speed']:g}, SLO TTFT {meta['slo']['ttft_s']:g} s / TPOT {meta['slo']['tpot_s'] * 1000:g} ms; "
+             "cells: SLO attainment, P95 TTFT):", "",
+             "| trace | fleet | rate x | vllm-router round_robin | best vllm-router | best pdgate | aggregated |",
+             "|---|---|---:|---|---|---|---|"]
+
+    def cell(r: dict[str, Any] | None, name: bool = False) -> str:
+        if r is None:
+            return "-"
+        p95 = r["metrics"]["ttft"].get("p95_ms")
+        txt = f"{r['slo_attainment']['1'] * 100:.1f}%, {_f(p95 / 1000.0 if p95 else None, 2)} s"
+        return f"{r['config'].split('/', 1)[1]}: {txt}" if name else txt
+
+    def best(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return max(runs, key=lambda r: (r["slo_attainment"]["1"], -(r["metrics"]["ttft"].get("p95_ms") or 1e18)),
+                   default=None)
+
+    points: dict[tuple[str, str, float], list[dict[str, Any]]] = defaultdict(list)
+    for r in doc["runs"]:
+        points[(r["trace"], r["fleet"], r["rate_scale"])].append(r)
+    for (trace, fleet, rate), runs in sorted(points.items()):
+        rr = next((r for r in runs if r["config"] == "vllm-router/round_robin"), None)
+        agg = best([r for r in runs if r["config"].startswith("aggregated/")])
+        lines.append(f"| {trace} | {fleet} | {rate:g} | {cell(rr)} | "
+                     f"{cell(best([r for r in runs if r['config'].startswith('vllm-router/')]), True)} | "
+                     f"{cell(best([r for r in runs if r['config'].startswith('pdgate/')]), True)} | {cell(agg)} |")
+    for c in target_checks(doc):
+        lines.append("")
+        lines.append(f"Policy target at {c['trace']} {c['fleet']} x{c['rate_scale']:g} (round_robin "
+                     f"{c['rr_attainment'] * 100:.1f}% < 50%): {c['best']} reaches {c['attainment_ratio']:.2f}x its "
+                     f"attainment (target 1.79x), P95 TTFT cut {c['p95_ttft_cut'] * 100:.0f}% (target 81%), P95 TPOT "
+                     f"{_f(c['best_p95_tpot_ms'], 1)} ms: {'met' if c['met'] else 'not met (' + ', '.join(c['missed']) + ')'}.")
+    return "\n".join(lines) + "\n"
+
+
+README_BEGIN = "<!-- goodput-summary:begin (bench/goodput.py --update-readme) -->"
+README_END = "<!-- goodput-summary:end -->"
+
+
+def replace_readme_block(readme: str, block: str) -> str:
+    """``readme`` with the text between :data:`README_BEGIN` and :data:`README_END` replaced by ``block``.
+
+    Raises:
+        ValueError: the markers are missing.
+    """
+    i, j = readme.find(README_BEGIN), readme.find(README_END)
+    if i < 0 or j < i:
+        raise ValueError("README has no goodput summary markers")
+    return readme[:i + len(README_BEGIN)] + "\n" + block + readme[j:]
+
+
+def target_checks(doc: dict[str, Any], rr: str = "vllm-router/round_robin", cut: float = 0.81,
+                  ratio: float = 1.79) -> list[dict[str, Any]]:
+    """The policy target, per (trace, fleet, rate) where ``rr``'s SLO attainment is below 50%.
+
+    pdgate's best there is its configuration with the highest SLO attainment (ties: lower P95
+    TTFT). Returns one dict per such point: attainments, the attainment ratio, the P95 TTFT
+    cut (``1 - best/rr``), the best's P95 TPOT (ms) and whether each part of the target holds
+    (``met``, ``missed``: names of the parts that do not).
+    """
+    slo_tpot_ms = doc["meta"]["slo"]["tpot_s"] * 1000.0
+    points: dict[tuple[str, str, float], list[dict[str, Any]]] = defaultdict(list)
+    for r in doc["runs"]:
+        points[(r["trace"], r["fleet"], r["rate_scale"])].append(r)
+    out = []
+    for (trace, fleet, rate), runs in sorted(points.items()):
+        base = next((r for r in runs if r["config"] == rr), None)
+        ours = [r for r in runs if r["config"].startswith("pdgate/")]
+        if base is None or not ours or base["slo_attainment"]["1"] >= 0.5:
+            continue
+        best = max(ours, key=lambda r: (r["slo_attainment"]["1"], -(r["metrics"]["ttft"].get("p95_ms") or 1e18)))
+        b_att, o_att = base["slo_attainment"]["1"], best["slo_attainment"]["1"]
+        b_p95 = base["metrics"]["ttft"].get("p95_ms") or float("nan")
+        o_p95 = best["metrics"]["ttft"].get("p95_ms") or float("nan")
+        tpot = best["metrics"]["tpot"].get("p95_ms") or float("nan")
+        c = {"trace": trace, "fleet": fleet, "rate_scale": rate, "rr_attainment": b_att, "best": best["config"],
+             "best_attainment": o_att, "attainment_ratio": o_att / b_att if b_att > 0 else float("inf"),
+             "rr_p95_ttft_ms": b_p95, "best_p95_ttft_ms": o_p95, "p95_ttft_cut": 1.0 - o_p95 / b_p95,
+             "best_p95_tpot_ms": tpot}
+        missed = [name for name, ok in (("P95 TTFT cut", c["p95_ttft_cut"] >= cut),
+                                        ("attainment ratio", c["attainment_ratio"] >= ratio),
+                                        ("P95 TPOT", tpot <= slo_tpot_ms)) if not ok]
+        c["met"], c["missed"] = not missed, missed
+        out.append(c)
+    return out
 
 
 def _style(cfg: str, i: int) -> dict[str, Any]:
