@@ -52,6 +52,15 @@ class GatewayMetrics:
         scrape_stale: ``pdgate_instance_scrape_stale{instance}`` (1 = stale).
         admission_waiting: ``pdgate_admission_waiting`` (queued prefill legs).
         admission_wait: ``pdgate_admission_wait_seconds`` (time queued).
+        rejected: ``pdgate_rejected_requests_total{reason}``: requests refused
+            before reaching any instance (bad input, limits, drain, no instance).
+        instance_healthy: ``pdgate_instance_healthy{instance,role}``: 1 while
+            the instance's circuit breaker is closed, else 0.
+        ejections: ``pdgate_instance_ejections_total{instance,role}``.
+        decode_retries: ``pdgate_decode_retries_total{reason}``: decode legs
+            retried on another instance before the first byte reached the client.
+        api_in_flight: ``pdgate_api_requests_in_flight``: API requests being served.
+        draining: ``pdgate_draining``: 1 while the gateway drains for shutdown.
     """
 
     def __init__(self) -> None:
@@ -99,6 +108,21 @@ class GatewayMetrics:
         self.admission_wait = Histogram("pdgate_admission_wait_seconds",
                                         "Time a prefill leg waited in the admission queue, seconds.",
                                         buckets=_TTFT_BUCKETS, registry=r)
+        self.rejected = Counter("pdgate_rejected_requests",
+                                "Requests refused before reaching an instance, by reason.", ["reason"], registry=r)
+        self.instance_healthy = Gauge("pdgate_instance_healthy",
+                                      "1 while the instance's circuit breaker is closed (routable), else 0.",
+                                      ["instance", "role"], registry=r)
+        self.ejections = Counter("pdgate_instance_ejections",
+                                 "Times the circuit breaker ejected the instance from routing.",
+                                 ["instance", "role"], registry=r)
+        self.decode_retries = Counter("pdgate_decode_retries",
+                                      "Decode legs retried on another instance before any byte reached the client.",
+                                      ["reason"], registry=r)
+        self.api_in_flight = Gauge("pdgate_api_requests_in_flight",
+                                   "Completion/chat requests being served (streams until they end).", registry=r)
+        self.draining = Gauge("pdgate_draining", "1 while the gateway drains before shutting down.",
+                              registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""
