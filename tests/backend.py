@@ -10,6 +10,7 @@ that the gateway never connected anywhere it should not.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from typing import Any
@@ -17,6 +18,12 @@ from typing import Any
 import httpx
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def asgi_client(app: Any, client: tuple[str, int] = ("10.0.0.1", 40000)) -> httpx.AsyncClient:
+    """An httpx client calling ``app`` in-process (run its lifespan around it)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=client), base_url="http://gw",
+                             timeout=30)
 
 
 class FakeBackend:
@@ -34,6 +41,9 @@ class FakeBackend:
         self.bodies: list[tuple[str, dict[str, Any]]] = []
         self.down: set[str] = set()                     # host:port refusing connections
         self.status: dict[str, int] = {}                # host:port -> status of completions
+        self.delay_s = 0.0                              # sleep before answering a completion
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -64,6 +74,13 @@ class FakeBackend:
         if request.method == "POST" and path in COMPLETION_PATHS:
             body = json.loads(request.content)
             self.bodies.append((host, body))
+            if self.delay_s:
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                try:
+                    await asyncio.sleep(self.delay_s)
+                finally:
+                    self.in_flight -= 1
             status = self.status.get(host, 200)
             if status != 200:
                 return httpx.Response(status, json={"error": {"message": "fake failure", "type": "x",
