@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Validate the config and run uvicorn until interrupted; returns an exit code."""
+    """Validate the config and run the gateway until drained after SIGTERM; returns an exit code."""
     from pdgate.config import load_config
 
     try:
@@ -59,15 +59,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as e:
         print(f"pdgate: invalid configuration:\n{e}", file=sys.stderr)
         return 2
-    import uvicorn
-
-    from pdgate.gateway import create_app
+    from pdgate.gateway.serve import serve
 
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config), host=config.host, port=config.port,
-                log_level=config.log_level, timeout_graceful_shutdown=30)
-    return 0
+    return serve(config)  # drains on SIGTERM (config.drain), exits 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
