@@ -19,6 +19,7 @@ raises escapes as a bare 500 page.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -171,9 +172,29 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
+        # The legs run while the client is watched: if it leaves before the
+        # response starts (mid-prefill, queued, waiting for the decode's first
+        # byte), the legs are cancelled, which closes their upstream
+        # connections, and vLLM aborts both requests. Once streaming, the
+        # StreamingResponse watches for the disconnect itself.
+        work = asyncio.ensure_future(proxy.handle(endpoint, body, dict(request.headers), request_id, arrival,
+                                                  None, max_model_len=ModelCatalog.max_model_len(card)))
+        watch = asyncio.ensure_future(disconnected())
         try:
-            resp = await proxy.handle(endpoint, body, dict(request.headers), request_id, arrival,
-                                      disconnected, max_model_len=ModelCatalog.max_model_len(card))
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():
+                work.cancel()
+            watch.cancel()
+        if not work.done() or work.cancelled():
+            try:
+                await work
+            except (asyncio.CancelledError, GatewayError):
+                pass
+            log.info("client left request %s before its response started; legs aborted", request_id)
+            return error_response(499, "client disconnected")
+        try:
+            resp = work.result()
         except GatewayError as e:
             if e.reason:
                 metrics.rejected.labels(e.reason).inc()
