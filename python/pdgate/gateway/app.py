@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -160,7 +161,7 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             if not fleet.candidates("decode"):
                 raise GatewayError(503, "no healthy decode instance (all ejected or draining)",
                                    reason="no_instance",
-                                   headers={"Retry-After": str(config.health.cooldown_s.__ceil__())})
+                                   headers={"Retry-After": str(max(1, math.ceil(config.health.cooldown_s)))})
         except GatewayError as e:
             metrics.requests.labels("none", "client_error" if e.status < 500 else "upstream_error").inc()
             metrics.rejected.labels(e.reason or f"http_{e.status}").inc()

@@ -40,12 +40,13 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet, Instance
-from pdgate.gateway.errors import GatewayError, error_body
-from pdgate.gateway.legs import DecodeLeg, StreamStats, int_or_none, scan_sse_events
+from pdgate.gateway.errors import GatewayError
+from pdgate.gateway.legs import DecodeLeg, int_or_none
+from pdgate.gateway.relay import RelayMixin
 from pdgate.gateway.validation import check_context
 from pdgate.metrics import GatewayMetrics
 from pdgate.policies import RequestInfo, RouteContext, RouteDecision, create_policy
@@ -110,7 +111,7 @@ class _Retry(Exception):
     """A decode leg failed before its first byte reached the client: try the next instance."""
 
 
-class PDProxy:
+class PDProxy(RelayMixin):
     """Routes requests through prefill and decode instances.
 
     Args:
@@ -433,9 +434,9 @@ class PDProxy:
                     head = await resp.aread()
                 inst.breaker.record_success()
                 return resp, leg, head, it
-            except (httpx.ConnectError, _Retry, httpx.RemoteProtocolError, httpx.ReadError,
-                    httpx.WriteError) as e:
-                reached = not isinstance(e, httpx.ConnectError)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, _Retry,
+                    httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                reached = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
                 last_error = f"decode instance {inst.url} failed before the first byte: {e}"
                 log.warning("%s (request %s)", last_error, info.request_id)
             except httpx.TimeoutException:
@@ -465,91 +466,3 @@ class PDProxy:
         self._release(inst)
         if resp is not None and not resp.is_closed:
             asyncio.ensure_future(resp.aclose())
-
-    async def _relay_error(self, resp: httpx.Response, leg: DecodeLeg, route: str,
-                           arrival: float) -> Response:
-        """Pass a decode-side error status and body through (wrapped if not JSON)."""
-        try:
-            content = await resp.aread()
-        except httpx.HTTPError:
-            content = b""
-        finally:
-            await resp.aclose()
-            leg.finish()
-            self._release(leg.inst)
-        outcome = "client_error" if 400 <= resp.status_code < 500 else "upstream_error"
-        self.metrics.requests.labels(route, outcome).inc()
-        try:
-            payload = json.loads(content)
-            if not isinstance(payload, dict) or "error" not in payload:
-                raise ValueError
-        except ValueError:
-            payload = error_body(resp.status_code, content.decode("utf-8", "replace")[:2000]
-                                 or f"decode instance answered {resp.status_code}")
-        return JSONResponse(payload, status_code=resp.status_code)
-
-    async def _relay_stream(self, resp: httpx.Response, leg: DecodeLeg, route: str,
-                            arrival: float, predicted: dict[str, float] | None = None,
-                            first: bytes = b"", rest: AsyncIterator[bytes] | None = None,
-                            ) -> AsyncIterator[bytes]:
-        """Relay the decode SSE stream byte for byte; measure TTFT/TPOT.
-
-        The instance's in-flight count and fleet state drop only when the
-        stream ends (completed, failed, or the client went away: closing the
-        upstream response makes vLLM abort the request). Inter-token gaps
-        feed the predictor's decode-step refit.
-        """
-        inst = leg.inst
-        predicted = predicted or {}
-        predicted_ttft = predicted.get("ttft_s")
-        stats = StreamStats(arrival=arrival)
-        buf = bytearray()
-        outcome = "success"
-        async def chunks() -> AsyncIterator[bytes]:
-            if first:
-                yield first
-            async for c in (rest if rest is not None else resp.aiter_raw()):
-                yield c
-
-        try:
-            async for chunk in chunks():
-                buf += chunk
-                now = time.monotonic()
-                new = scan_sse_events(buf, stats, now)
-                if new:
-                    was_decoding = leg.decoding
-                    batch, kv = inst.decode_batch, inst.kv_tokens
-                    leg.on_tokens(new)
-                    if new == 1 and was_decoding and stats.last_token is not None:
-                        self.predictor.observe_decode_gap(batch, kv, now - stats.last_token)
-                    stats.last_token = now
-                yield chunk
-        except httpx.HTTPError as e:
-            outcome = "upstream_error"
-            inst.breaker.record_failure()
-            log.warning("decode stream from %s broke: %r", inst.url, e)
-            err = error_body(502, f"decode instance stream failed: {e!r}")
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
-        except BaseException:  # client disconnect cancels the generator
-            outcome = "cancelled"
-            raise
-        finally:
-            await resp.aclose()
-            leg.finish()
-            self._release(inst)
-            self.metrics.requests.labels(route, outcome).inc()
-            end = time.monotonic()
-            self.metrics.e2e.observe(end - arrival)
-            if outcome == "success" and stats.first_token is not None:
-                self.metrics.ttft.observe(stats.first_token - arrival)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("done %s on %s route=%s ttft=%.4f predicted_ttft=%s tokens=%d e2e=%.4f",
-                              leg.request_id, inst.url, route, stats.first_token - arrival,
-                              f"{predicted_ttft:.4f}" if predicted_ttft else None, stats.tokens, end - arrival)
-                if predicted_ttft:
-                    kind = route if route in ("pd", "deflect") else None
-                    self.predictor.observe_ttft(predicted_ttft, stats.first_token - arrival, kind,
-                                                predicted.get("ttft_model_s"))
-                n = stats.usage_tokens if stats.usage_tokens is not None else stats.tokens
-                if n > 1:
-                    self.metrics.tpot.observe((end - stats.first_token) / (n - 1))
