@@ -89,3 +89,16 @@ async def test_rate_limit_per_client_ip_and_api_key() -> None:
         assert (await c.post("/v1/completions", json=BODY, headers=k1)).status_code == 429
         assert (await c.post("/v1/completions", json=BODY, headers=k2)).status_code == 200
         assert 'reason="rate_limited"' in (await c.get("/metrics")).text
+
+
+def test_reliability_config_sections_validate() -> None:
+    import pydantic
+
+    c = config(limits={"max_concurrent_requests": 5, "rate_limit_rps": 2.5}, health={"cooldown_s": 1},
+               drain={"deadline_s": 3}, admin={"token": "x" * 16}, metrics_port=9100)
+    assert c.limits.max_concurrent_requests == 5 and c.health.cooldown_s == 1 and c.drain.deadline_s == 3
+    for bad in ({"admin": {"token": "short"}}, {"limits": {"max_header_bytes": 0}},
+                {"limits": {"rate_limit_key": "cookie"}}, {"health": {"failures_to_eject": 0}},
+                {"limits": {"nope": 1}}, {"metrics_port": 70000}):
+        with pytest.raises(pydantic.ValidationError):
+            config(**bad)
