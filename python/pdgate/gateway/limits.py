@@ -21,6 +21,7 @@ in ``pdgate_rejected_requests_total{reason}``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
 from collections import OrderedDict
@@ -122,8 +123,8 @@ class Gate:
         """The rate-limit key: the API key (``api_key`` mode, when sent) or the peer IP."""
         if self.limits.rate_limit_key == "api_key":
             for k, v in headers:
-                if k.lower() == b"authorization" and v:
-                    return "key:" + v.decode("latin-1")
+                if k.lower() == b"authorization" and v:  # hashed: no credentials kept in memory
+                    return "key:" + hashlib.blake2b(v, digest_size=16).hexdigest()
         client = scope.get("client")
         return "ip:" + (client[0] if client else "unknown")
 
