@@ -61,6 +61,9 @@ class GatewayMetrics:
             retried on another instance before the first byte reached the client.
         api_in_flight: ``pdgate_api_requests_in_flight``: API requests being served.
         draining: ``pdgate_draining``: 1 while the gateway drains for shutdown.
+        added_latency: ``pdgate_added_latency_seconds``: time the gateway adds
+            before the decode leg is sent: from arrival (body read) to sending
+            the decode leg, minus the prefill leg (admission wait included).
     """
 
     def __init__(self) -> None:
@@ -121,6 +124,11 @@ class GatewayMetrics:
                                       ["reason"], registry=r)
         self.api_in_flight = Gauge("pdgate_api_requests_in_flight",
                                    "Completion/chat requests being served (streams until they end).", registry=r)
+        self.added_latency = Histogram(
+            "pdgate_added_latency_seconds",
+            "Gateway time from arrival to sending the decode leg, prefill leg excluded, seconds.",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r)
         self.draining = Gauge("pdgate_draining", "1 while the gateway drains before shutting down.",
                               registry=r)
 

@@ -22,8 +22,11 @@ def test_short_soak_loses_nothing() -> None:
     assert res["status_5xx"] == 0, res["errors_by_status"]
     assert res["ok"] == res["requests"], res["errors_by_status"]
     assert res["gateway_exit_code"] == 0
-    # flat after warm-up: a short run still fills pools and caches, so the CI
-    # bound is looser than the 10-minute run's 5% (bench/results/soak.json)
-    assert res["open_fds"]["max_dev_pct"] <= 15, res["open_fds"]
+    # no growth after warm-up: a short run still fills pools and caches, so the
+    # CI bound is looser than the 10-minute run's 5% (bench/results/soak.json);
+    # fds are compared by their floor (fewest connections open), which load
+    # alone does not raise
+    assert res["open_fds"]["floor_growth_pct"] <= 15, res["open_fds"]
     assert res["rss_bytes"]["growth_pct"] <= 15, res["rss_bytes"]
-    assert res["added_latency_windows"], "no latency probe succeeded"
+    p99 = [w["p99_ms"] for w in res["added_latency_windows"] if w["p99_ms"] is not None]
+    assert p99 and max(p99) < 1000, res["added_latency_windows"]

@@ -17,10 +17,12 @@ Each request ends as one of:
   a body that is neither). Must be 0.
 
 Also sampled: the gateway's RSS and open file descriptors (``/proc``) every
-``sample_every_s``; gateway-added latency from probes (every
-``probe_every_s``: the same 1-token request sent through the gateway and
-directly as the two P/D legs; added = gateway time - direct time), its p99
-per ``window_s`` window.
+``sample_every_s``; the gateway-added latency p50/p99 per ``window_s``
+window, from the gateway's own ``pdgate_added_latency_seconds`` histogram
+(arrival to sending the decode leg, prefill leg excluded; scraped at every
+window boundary); and, as an outside check, probes every ``probe_every_s``
+(a 1-token request sent directly as the two P/D legs, then through the
+gateway; their difference, noisy under load, as ``probe_p50_ms``).
 """
 
 from __future__ import annotations
@@ -198,21 +200,62 @@ async def probe(client: httpx.AsyncClient, gw: str, prefill: str, decode: str, r
 
 
 def _trend(samples: list[tuple[float, int, int]], idx: int, warmup_s: float, window_s: float) -> dict[str, Any]:
-    """Per-window means of sample column ``idx`` after warm-up; growth = last
-    window vs the first (windows span whole burst periods, so equal load)."""
-    vals = [(t, s[idx]) for t, *s in [(x[0], x[1], x[2]) for x in samples] if t >= warmup_s]
-    means = []
+    """Per-window mean and floor (minimum) of sample column ``idx`` after
+    warm-up; growth = last whole window vs the first (windows span whole burst
+    periods). The floor is the value with the fewest connections open: a leak
+    raises it, load alone does not."""
+    vals = [(x[0], x[1 + idx]) for x in samples if x[0] >= warmup_s]
+    means: list[float] = []
+    floors: list[float] = []
     w = warmup_s
-    while vals and w <= vals[-1][0]:
+    while vals and w + window_s <= vals[-1][0] + 1e-9:
         v = [x for t, x in vals if w <= t < w + window_s]
-        if v and (w + window_s <= vals[-1][0] + 1e-9 or not means):
+        if v:
             means.append(float(np.mean(v)))
+            floors.append(float(min(v)))
         w += window_s
-    if len(means) < 2:
-        return {"windows": len(means), "window_means": means}
-    return {"windows": len(means), "window_means": [round(m, 1) for m in means], "first": means[0],
-            "last": means[-1], "growth_pct": 100.0 * (means[-1] - means[0]) / means[0] if means[0] else 0.0,
-            "max_dev_pct": 100.0 * max(abs(m - means[0]) for m in means) / means[0] if means[0] else 0.0}
+    out: dict[str, Any] = {"windows": len(means), "window_means": [round(m, 1) for m in means],
+                           "window_floors": floors}
+    if len(means) >= 2 and means[0] and floors[0]:
+        out.update({
+            "growth_pct": 100.0 * (means[-1] - means[0]) / means[0],
+            "max_dev_pct": 100.0 * max(abs(m - means[0]) for m in means) / means[0],
+            "floor_growth_pct": 100.0 * (floors[-1] - floors[0]) / floors[0],
+            "floor_max_dev_pct": 100.0 * max(abs(f - floors[0]) for f in floors) / floors[0]})
+    return out
+
+
+def _added_buckets(text: str) -> list[tuple[float, float]]:
+    """Cumulative (le, count) buckets of ``pdgate_added_latency_seconds`` in a /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "pdgate_added_latency_seconds":
+            return sorted((float(smp.labels["le"]), smp.value) for smp in fam.samples
+                          if smp.name.endswith("_bucket"))
+    return []
+
+
+def hist_quantile(a: list[tuple[float, float]], b: list[tuple[float, float]], q: float) -> float | None:
+    """Quantile ``q`` (seconds) of the observations between cumulative bucket
+    snapshots ``a`` (earlier) and ``b``, interpolated within a bucket as
+    Prometheus' ``histogram_quantile`` does; ``None`` if no observation."""
+    if not b:
+        return None
+    prev = dict(a)
+    d = [(le, c - prev.get(le, 0.0)) for le, c in b]
+    total = d[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lo_le, lo_c = 0.0, 0.0
+    for le, c in d:
+        if c >= rank:
+            if le == float("inf"):
+                return lo_le
+            return lo_le + (le - lo_le) * ((rank - lo_c) / (c - lo_c) if c > lo_c else 1.0)
+        lo_le, lo_c = le, c
+    return lo_le
 
 
 async def _run(cfg: SoakConfig, gw: GatewayProcess, fleet: SimFleetProcess) -> dict[str, Any]:
@@ -221,6 +264,7 @@ async def _run(cfg: SoakConfig, gw: GatewayProcess, fleet: SimFleetProcess) -> d
     rng = random.Random(cfg.seed + 1)
     samples: list[tuple[float, int, int]] = []
     probes: list[tuple[float, float]] = []
+    snaps: list[tuple[float, list[tuple[float, float]]]] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
     async with httpx.AsyncClient(limits=limits) as client, httpx.AsyncClient() as probe_client:
         t_start = time.monotonic()
@@ -238,7 +282,16 @@ async def _run(cfg: SoakConfig, gw: GatewayProcess, fleet: SimFleetProcess) -> d
                     probes.append((time.monotonic() - t_start, a))
                 await asyncio.sleep(cfg.probe_every_s)
 
-        bg = [asyncio.create_task(sampler()), asyncio.create_task(prober())]
+        async def hist() -> None:
+            while not stop.is_set():
+                try:
+                    r = await probe_client.get(gw.url + "/metrics", timeout=10)
+                    snaps.append((time.monotonic() - t_start, _added_buckets(r.text)))
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(cfg.window_s)
+
+        bg = [asyncio.create_task(sampler()), asyncio.create_task(prober()), asyncio.create_task(hist())]
         tasks = []
         for k, (t, pt, ot) in enumerate(plan):
             delay = t - (time.monotonic() - t_start)
@@ -248,21 +301,23 @@ async def _run(cfg: SoakConfig, gw: GatewayProcess, fleet: SimFleetProcess) -> d
                     "stream": k % 2 == 0}
             tasks.append(asyncio.create_task(one_request(client, gw.url, body, out, cfg.request_timeout_s)))
         await asyncio.gather(*tasks)
+        snaps.append((time.monotonic() - t_start, _added_buckets((await probe_client.get(gw.url + "/metrics")).text)))
         stop.set()
         for b in bg:
             b.cancel()
         await asyncio.gather(*bg, return_exceptions=True)
         elapsed = time.monotonic() - t_start
     windows = []
-    w = 0.0
-    while w < elapsed:
-        vals = [a for t, a in probes if w <= t < w + cfg.window_s]
-        if vals:
-            windows.append({"start_s": round(w, 1), "probes": len(vals),
-                            "p50_ms": round(1000 * float(np.percentile(vals, 50)), 2),
-                            "p99_ms": round(1000 * float(np.percentile(vals, 99)), 2)})
-        w += cfg.window_s
-    steady = [x["p99_ms"] for x in windows if x["start_s"] >= cfg.warmup_s] or [x["p99_ms"] for x in windows]
+    for (t0, a), (t1, b) in zip(snaps, snaps[1:]):
+        p50, p99 = hist_quantile(a, b, 0.5), hist_quantile(a, b, 0.99)
+        vals = [x for t, x in probes if t0 <= t < t1]
+        windows.append({"start_s": round(t0, 1), "end_s": round(t1, 1),
+                        "requests": int(b[-1][1] - dict(a).get(b[-1][0], 0.0)) if b else 0,
+                        "p50_ms": round(1000 * p50, 3) if p50 is not None else None,
+                        "p99_ms": round(1000 * p99, 3) if p99 is not None else None,
+                        "probes": len(vals),
+                        "probe_p50_ms": round(1000 * float(np.percentile(vals, 50)), 2) if vals else None})
+    steady = [x["p99_ms"] for x in windows if x["start_s"] >= cfg.warmup_s and x["p99_ms"] is not None]
     return {
         "config": cfg.__dict__, "elapsed_s": round(elapsed, 1), "requests": len(plan), "ok": out.ok,
         "error": out.error, "lost": out.lost, "status_5xx": out.status_5xx, "errors_by_status": out.errors_by_status,

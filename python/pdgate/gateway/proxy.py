@@ -330,20 +330,23 @@ class PDProxy(RelayMixin):
         decision = self.decide(info)
         info.doomed = decision.predicted.get("miss", 0.0) >= 1.0
         kv_params = None
+        prefill_span = 0.0
         if decision.kind == "pd" and decision.prefill is not None:
+            t_pre = time.monotonic()
             try:
                 kv_params = await self._run_prefill(endpoint, body, info, headers, decision.prefill,
                                                     disconnected)
             except (GatewayError, asyncio.CancelledError):
                 self.metrics.requests.labels("pd", "cancelled").inc()
                 raise
+            prefill_span = time.monotonic() - t_pre
         route = "pd" if kv_params is not None else ("deflect" if decision.kind == "deflect" else "decode_only")
         decode_body = dict(body)
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
         stream = bool(body.get("stream"))
         resp, leg, first, rest = await self._send_decode(endpoint, decode_body, info, headers, route,
-                                                         decision, stream)
+                                                         decision, stream, arrival + prefill_span)
         inst = leg.inst
         if resp.status_code != 200:
             return await self._relay_error(resp, leg, route, arrival)
@@ -365,7 +368,7 @@ class PDProxy(RelayMixin):
 
     async def _send_decode(self, endpoint: str, body: dict[str, Any], info: RequestInfo,
                            headers: dict[str, str], route: str, decision: RouteDecision,
-                           stream: bool = False,
+                           stream: bool = False, overhead_base: float | None = None,
                            ) -> tuple[httpx.Response, DecodeLeg, bytes, AsyncIterator[bytes] | None]:
         """Open the decode leg and read its first bytes; retry on other decode instances.
 
@@ -375,6 +378,10 @@ class PDProxy(RelayMixin):
         reached the client (connect error, connection dropped, 502/503/504)
         moves to the next instance; once the request reached an instance the
         retries carry no ``kv_transfer_params``.
+
+        ``overhead_base`` (monotonic seconds): arrival plus the prefill leg's
+        span; the first attempt's send time minus it is observed in
+        ``pdgate_added_latency_seconds``.
 
         Returns:
             (response, leg, first bytes, rest): the first chunk of a 200
@@ -411,6 +418,9 @@ class PDProxy(RelayMixin):
                 client = self._client(inst)
                 req = client.build_request("POST", f"{inst.url}/v1/{endpoint}", content=payload,
                                            headers={**headers, **_JSON_HEADERS}, timeout=self._decode_timeout)
+                if overhead_base is not None:
+                    self.metrics.added_latency.observe(max(0.0, time.monotonic() - overhead_base))
+                    overhead_base = None
                 resp = await client.send(req, stream=True)
                 if resp.status_code in (502, 503, 504) and candidates:
                     raise _Retry(f"answered {resp.status_code}")
