@@ -117,16 +117,22 @@ def markdown(rep: dict[str, Any]) -> str:
            f"| bad inputs answered 5xx | {b['status_5xx']} |",
            f"| soak: duration, requests, ok, errors, lost, 5xx | {s['elapsed_s']} s, {s['requests']}, {s['ok']}, "
            f"{s['error']}, {s['lost']}, {s['status_5xx']} |"]
-    for name, key, unit in (("RSS", "rss_bytes", 1 / 2**20), ("open fds", "open_fds", 1)):
-        t = s.get(key) or {}
-        if "growth_pct" in t:
-            means = ", ".join(f"{m * unit:.1f}" for m in t["window_means"])
-            out.append(f"| soak: {name} per window after warm-up ({'MiB' if unit != 1 else 'count'}) | {means} "
-                       f"(last vs first {t['growth_pct']:+.1f}%, max deviation {t['max_dev_pct']:.1f}%) |")
-    w = s.get("added_latency_windows") or []
+    rss = s.get("rss_bytes") or {}
+    if "growth_pct" in rss:
+        out.append("| soak: gateway RSS, mean per window after warm-up (MiB) | "
+                   + ", ".join(f"{m / 2**20:.1f}" for m in rss["window_means"])
+                   + f" (last vs first {rss['growth_pct']:+.1f}%, max deviation {rss['max_dev_pct']:.1f}%) |")
+    fds = s.get("open_fds") or {}
+    if "floor_growth_pct" in fds:
+        out.append("| soak: gateway open fds, floor per window after warm-up | "
+                   + ", ".join(f"{m:.0f}" for m in fds["window_floors"])
+                   + f" (last vs first {fds['floor_growth_pct']:+.1f}%, max deviation "
+                   f"{fds['floor_max_dev_pct']:.1f}%; window means "
+                   + ", ".join(f"{m:.0f}" for m in fds["window_means"]) + " follow the load) |")
+    w = [x for x in (s.get("added_latency_windows") or []) if x.get("p99_ms") is not None]
     if w:
-        out.append("| soak: gateway-added latency p99 per window (ms) | "
-                   + ", ".join(f"{x['p99_ms']:.0f}" for x in w) + " |")
+        out.append("| soak: gateway-added latency p50 / p99 per window (ms) | "
+                   + ", ".join(f"{x['p50_ms']:.1f} / {x['p99_ms']:.1f}" for x in w) + " |")
     out += ["", "## Faults", "", "| fault | target | stream | expected | elapsed s (bound) | outcome |",
             "|---|---|---|---|---|---|"]
     for c in f["cases"]:
@@ -142,9 +148,10 @@ def markdown(rep: dict[str, Any]) -> str:
             f"plus every {cfg.get('burst_every_s')} s the densest {cfg.get('burst_window_s')} s of the Azure 2023 "
             f"code trace (each request kept with probability {cfg.get('burst_keep')}); prompts <= "
             f"{cfg.get('max_prompt_tokens')} tokens, outputs <= {cfg.get('max_output_tokens')}; warm-up "
-            f"{cfg.get('warmup_s')} s. Windows are whole burst periods, so their loads are equal. Added latency: "
-            "a 1-token request sent directly as the two P/D legs, then through the gateway, back to back; the "
-            "difference includes the fleet's own step jitter (noisy on a loaded 2-core host).", ""]
+            f"{cfg.get('warmup_s')} s. Windows are whole burst periods. Added latency: the gateway's "
+            "`pdgate_added_latency_seconds` histogram (arrival to sending the decode leg, prefill leg excluded), "
+            "scraped at every window boundary; quantiles interpolated within buckets. The fd floor is the "
+            "per-window minimum (fewest connections open): a leak raises it, load alone does not.", ""]
     return "\n".join(out)
 
 
