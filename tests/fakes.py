@@ -119,7 +119,9 @@ class FakeInstance:
 
         @app.get("/v1/models")
         async def models() -> Any:
-            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+            # "m" is the model name the fast-tier tests send (the gateway refuses unknown models).
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model", "max_model_len": 131072},
+                                               {"id": "m", "object": "model", "max_model_len": 131072}]}
 
         @app.get("/health")
         async def health() -> Any:

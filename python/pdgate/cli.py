@@ -70,7 +70,7 @@ def _load(args: argparse.Namespace, prog: str) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Validate the config and run uvicorn until interrupted; returns an exit code."""
+    """Validate the config and run the gateway until drained after SIGTERM; returns an exit code."""
     config = _load(args, "serve")
     if config is None:
         return 2
@@ -81,15 +81,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print("pdgate serve: discovery.type kubernetes needs the kubernetes client: "
                   "pip install 'pdgate[k8s]'", file=sys.stderr)
             return 2
-    import uvicorn
-
-    from pdgate.gateway import create_app
+    from pdgate.gateway.serve import serve
     from pdgate.logs import configure_logging
 
     configure_logging(config.log_level, config.log_format)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_config=None,
-                log_level=config.log_level, timeout_graceful_shutdown=30)
-    return 0
+    return serve(config)  # drains on SIGTERM (config.drain), exits 0
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -302,6 +302,82 @@ class DiscoveryConfig(_Strict):
         return self
 
 
+class LimitsConfig(_Strict):
+    """Request limits; each refusal is counted in ``pdgate_rejected_requests_total{reason}``.
+
+    Attributes:
+        max_header_bytes: total size of the request headers (names, values,
+            4 bytes per header of framing); above it: 431.
+        max_concurrent_requests: API requests (completions, chat) handled at
+            once, streams counted until they end; above it: 429 with
+            ``Retry-After``. ``None`` = unlimited.
+        rate_limit_rps: sustained API requests per second per client (token
+            bucket refill rate); above it: 429 with ``Retry-After``. ``None`` = off.
+        rate_limit_burst: bucket size (requests a client may send at once).
+        rate_limit_key: ``ip`` (the TCP peer address; ``X-Forwarded-For`` is
+            never trusted) or ``api_key`` (the ``Authorization`` header, the
+            peer address when absent).
+        max_tracked_clients: buckets kept (least recently used dropped first).
+        max_tokens_cap: largest ``max_tokens`` accepted when the model's
+            context length is unknown.
+        reject_unknown_fields: refuse top-level body fields that neither
+            vLLM's request models nor the gateway know (400), instead of
+            forwarding them for vLLM to ignore.
+        retry_after_s: ``Retry-After`` of 429/503 answers that have no better estimate.
+    """
+
+    max_header_bytes: int = Field(default=32 * 1024, gt=0)
+    max_concurrent_requests: int | None = Field(default=None, ge=1)
+    rate_limit_rps: float | None = Field(default=None, gt=0)
+    rate_limit_burst: int = Field(default=10, ge=1)
+    rate_limit_key: Literal["ip", "api_key"] = "ip"
+    max_tracked_clients: int = Field(default=100_000, ge=1)
+    max_tokens_cap: int = Field(default=1 << 20, ge=1)
+    reject_unknown_fields: bool = True
+    retry_after_s: int = Field(default=1, ge=0)
+
+
+class HealthConfig(_Strict):
+    """Active health checks and the per-instance circuit breaker.
+
+    An instance is ejected (no new requests) after ``failures_to_eject``
+    consecutive failures, active (``GET /health`` every ``interval_s``,
+    ``timeout_s`` each) or passive (connect errors, timeouts, 5xx answers of
+    request legs). After ``cooldown_s`` it is half-open: the next health
+    probes decide, and ``successes_to_readmit`` consecutive good ones close
+    it again. Bounds (seconds): ejection of a dead instance within
+    ``failures_to_eject * (interval_s + timeout_s)``; re-admission within
+    ``cooldown_s + successes_to_readmit * (interval_s + timeout_s)`` after it recovers.
+    """
+
+    enabled: bool = True
+    interval_s: float = Field(default=1.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    failures_to_eject: int = Field(default=3, ge=1)
+    cooldown_s: float = Field(default=5.0, ge=0)
+    successes_to_readmit: int = Field(default=1, ge=1)
+
+
+class DrainConfig(_Strict):
+    """Graceful drain on SIGTERM/SIGINT: new API requests get 503 with
+    ``Retry-After: retry_after_s`` while in-flight ones finish, for at most
+    ``deadline_s`` seconds; then the gateway exits 0."""
+
+    deadline_s: float = Field(default=30.0, ge=0)
+    retry_after_s: int = Field(default=5, ge=0)
+
+
+class AdminConfig(_Strict):
+    """The admin API (``/admin/instances``); off (not mounted) without a token.
+
+    Attributes:
+        token: bearer token every admin request must carry
+            (``Authorization: Bearer <token>``).
+    """
+
+    token: str | None = Field(default=None, min_length=16)
+
+
 class GatewayConfig(_Strict):
     """The whole gateway configuration.
 
@@ -324,6 +400,12 @@ class GatewayConfig(_Strict):
         log_format: ``text`` or ``json`` (one JSON object per line with
             ``request_id`` and ``trace_id`` on lines logged for a request).
         discovery: instance discovery (static lists, Kubernetes pods).
+        limits: header size, concurrency and rate limits, input checks.
+        health: health checks and circuit breaker per instance.
+        drain: graceful drain on SIGTERM.
+        admin: admin API (off without a token).
+        metrics_port: if set, ``/metrics`` and ``/health`` are served only
+            on this port (same ``host``), not on ``port``.
     """
 
     prefill: list[str] = Field(default_factory=list)
@@ -348,6 +430,11 @@ class GatewayConfig(_Strict):
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    drain: DrainConfig = Field(default_factory=DrainConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     policy: str | None = None
     prometheus_port: int | None = Field(default=None, ge=0, le=65535)

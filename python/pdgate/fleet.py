@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdgate.config import GatewayConfig, PoolRange, Role
+from pdgate.config import GatewayConfig, HealthConfig, PoolRange, Role
+from pdgate.health import CircuitBreaker, breaker_for
 
 
 @dataclass
@@ -51,6 +52,9 @@ class Instance:
         scraped: last scraped vLLM gauges (``num_requests_running``,
             ``num_requests_waiting``, ``kv_cache_usage_perc``).
         scraped_at: ``time.monotonic()`` of the last good scrape (0 = never).
+        breaker: circuit breaker (:mod:`pdgate.health`); an open one ejects
+            the instance from routing.
+        draining: set through the admin API: no new requests, in-flight ones finish.
     """
 
     url: str
@@ -67,7 +71,13 @@ class Instance:
     deflected_in_flight: int = 0
     scraped: dict[str, float] = field(default_factory=dict)
     scraped_at: float = 0.0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker, repr=False, compare=False)
+    draining: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def routable(self) -> bool:
+        """Whether new requests may go here: not draining and the breaker closed."""
+        return not self.draining and self.breaker.allows_requests()
 
     def acquire(self) -> None:
         """Count one more leg in flight on this instance."""
@@ -166,6 +176,7 @@ class Instance:
     def snapshot(self) -> dict[str, object]:
         """A JSON-able view (``/health``, debug logs)."""
         return {"url": self.url, "role": self.role, "pool": self.pool, "healthy": self.healthy,
+                "breaker": self.breaker.state, "draining": self.draining,
                 "in_flight": self.in_flight,
                 "outstanding_prefill_tokens": self.outstanding_prefill_tokens,
                 "prefill_jobs": len(self.prefill_jobs), "decode_batch": self.decode_batch,
@@ -178,15 +189,21 @@ class Instance:
 class Fleet:
     """The set of instances behind the gateway, grouped by role and pool."""
 
-    def __init__(self, instances: list[Instance], pools: dict[str, PoolRange] | None = None) -> None:
+    def __init__(self, instances: list[Instance], pools: dict[str, PoolRange] | None = None,
+                 health: HealthConfig | None = None, metrics: Any = None) -> None:
         self.instances = instances
         self.pools = dict(pools or {})
+        self.health = health
+        self.metrics = metrics
+        for i in instances:
+            i.breaker = breaker_for(i, health, metrics)
 
     @classmethod
-    def from_config(cls, config: GatewayConfig) -> "Fleet":
-        """Build the fleet from a validated config."""
+    def from_config(cls, config: GatewayConfig, metrics: Any = None) -> "Fleet":
+        """Build the fleet from a validated config (``metrics``: the gateway's, for
+        the health gauges)."""
         return cls([Instance(url=i.url, role=i.role, pool=i.pool) for i in config.instances()],
-                   config.pools)
+                   config.pools, config.health, metrics)
 
     def get(self, url: str) -> Instance | None:
         """The instance with base URL ``url`` (normalized as in the config), or ``None``."""
@@ -207,6 +224,7 @@ class Fleet:
         if self.get(url) is not None:
             raise ValueError(f"instance {url} already in the fleet")
         inst = Instance(url=url, role=role, pool=pool)
+        inst.breaker = breaker_for(inst, self.health, self.metrics)
         self.instances = [*self.instances, inst]
         return inst
 
@@ -226,8 +244,10 @@ class Fleet:
         return [i for i in self.instances if i.role == role or i.role == "both"]
 
     def candidates(self, role: Role) -> list[Instance]:
-        """Healthy instances for ``role``; all of them if none is healthy."""
-        pool = self.by_role(role)
+        """Routable instances for ``role`` (not ejected by their breaker, not
+        draining), the healthy-by-scrape ones first: all routable ones if none
+        of them is; empty if none is routable (callers fail fast)."""
+        pool = [i for i in self.by_role(role) if i.routable()]
         healthy = [i for i in pool if i.healthy]
         return healthy or pool
 

@@ -52,6 +52,18 @@ class GatewayMetrics:
         scrape_stale: ``pdgate_instance_scrape_stale{instance}`` (1 = stale).
         admission_waiting: ``pdgate_admission_waiting_requests`` (queued prefill legs).
         admission_wait: ``pdgate_admission_wait_seconds`` (time queued).
+        rejected: ``pdgate_rejected_requests_total{reason}``: requests refused
+            before reaching any instance (bad input, limits, drain, no instance).
+        instance_healthy: ``pdgate_instance_healthy{instance,role}``: 1 while
+            the instance's circuit breaker is closed, else 0.
+        ejections: ``pdgate_instance_ejections_total{instance,role}``.
+        decode_retries: ``pdgate_decode_retries_total{reason}``: decode legs
+            retried on another instance before the first byte reached the client.
+        api_in_flight: ``pdgate_api_requests_in_flight``: API requests being served.
+        draining: ``pdgate_draining``: 1 while the gateway drains for shutdown.
+        added_latency: ``pdgate_added_latency_seconds``: time the gateway adds
+            before the decode leg is sent: from arrival (body read) to sending
+            the decode leg, minus the prefill leg (admission wait included).
     """
 
     def __init__(self) -> None:
@@ -99,6 +111,26 @@ class GatewayMetrics:
         self.admission_wait = Histogram("pdgate_admission_wait_seconds",
                                         "Time a prefill leg waited in the admission queue, seconds.",
                                         buckets=_TTFT_BUCKETS, registry=r)
+        self.rejected = Counter("pdgate_rejected_requests",
+                                "Requests refused before reaching an instance, by reason.", ["reason"], registry=r)
+        self.instance_healthy = Gauge("pdgate_instance_healthy",
+                                      "1 while the instance's circuit breaker is closed (routable), else 0.",
+                                      ["instance", "role"], registry=r)
+        self.ejections = Counter("pdgate_instance_ejections",
+                                 "Times the circuit breaker ejected the instance from routing.",
+                                 ["instance", "role"], registry=r)
+        self.decode_retries = Counter("pdgate_decode_retries",
+                                      "Decode legs retried on another instance before any byte reached the client.",
+                                      ["reason"], registry=r)
+        self.api_in_flight = Gauge("pdgate_api_requests_in_flight",
+                                   "Completion/chat requests being served (streams until they end).", registry=r)
+        self.added_latency = Histogram(
+            "pdgate_added_latency_seconds",
+            "Gateway time from arrival to sending the decode leg, prefill leg excluded, seconds.",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r)
+        self.draining = Gauge("pdgate_draining", "1 while the gateway drains before shutting down.",
+                              registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""

@@ -52,7 +52,7 @@ def test_chat_stream(client: openai.OpenAI) -> None:
 
 
 def test_models(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == ["fake-model"]
+    assert [m.id for m in client.models.list()] == ["fake-model", "m"]
 
 
 def test_bad_request_raises_openai_error(client: openai.OpenAI) -> None:

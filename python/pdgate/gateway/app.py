@@ -4,8 +4,14 @@ Endpoints:
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming (SSE,
   ``text/event-stream``) and non-streaming, routed by :class:`PDProxy`.
 - ``GET /v1/models``: the union of the fleet's models.
-- ``GET /health``: gateway liveness plus the fleet's view.
+- ``GET /health``: gateway liveness plus the fleet's view (503 while draining).
 - ``GET /metrics``: Prometheus text format.
+- ``/admin/...``: the admin API (:mod:`pdgate.gateway.admin`), only with a token.
+
+With ``metrics_port`` set, ``/health`` and ``/metrics`` move to a second app
+(:func:`create_ops_app`) served on that port. Limits and drain are applied
+by :class:`pdgate.gateway.limits.GuardMiddleware`; the per-instance health
+checks and circuit breakers live in :mod:`pdgate.health`.
 
 Every error is OpenAI error JSON with the right status; nothing the gateway
 raises escapes as a bare 500 page.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -29,11 +36,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pdgate import __version__
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet
+from pdgate.gateway.admin import admin_router
+from pdgate.gateway.catalog import ModelCatalog
 from pdgate.gateway.context import RequestContextMiddleware
 from pdgate.gateway.errors import GatewayError, error_response
+from pdgate.gateway.limits import Gate, GuardMiddleware
 from pdgate.gateway.proxy import PDProxy
+from pdgate.gateway.schemas import ChatCompletionRequest, CompletionRequest, openapi_body
 from pdgate.gateway.validation import parse_body, request_id_from_header, validate_request
 from pdgate.logs import request_id_var
+from pdgate.health import HealthChecker
 from pdgate.metrics import GatewayMetrics
 from pdgate.state.scraper import MetricsScraper
 
@@ -49,15 +61,16 @@ async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise GatewayError(413, f"request body over {limit} bytes")
+            n = int(declared)
         except ValueError:
-            raise GatewayError(400, "invalid Content-Length header") from None
+            raise GatewayError(400, "invalid Content-Length header", reason="invalid_content_length") from None
+        if n > limit:
+            raise GatewayError(413, f"request body over {limit} bytes", reason="body_too_large")
     chunks = bytearray()
     async for chunk in request.stream():
         chunks += chunk
         if len(chunks) > limit:
-            raise GatewayError(413, f"request body over {limit} bytes")
+            raise GatewayError(413, f"request body over {limit} bytes", reason="body_too_large")
     return bytes(chunks)
 
 
@@ -70,11 +83,13 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
 
     Returns:
         A FastAPI app; run it with uvicorn. ``app.state`` holds ``fleet``,
-        ``metrics`` and (while running) ``proxy`` and ``scraper`` (the
-        ``/metrics`` scraper task feeding the fleet state).
+        ``metrics``, ``gate`` (limits and drain state) and (while running)
+        ``proxy``, ``catalog``, ``scraper`` (the ``/metrics`` scraper task
+        feeding the fleet state) and ``health`` (the health checker).
     """
-    fleet = Fleet.from_config(config)
     metrics = GatewayMetrics()
+    fleet = Fleet.from_config(config, metrics)
+    gate = Gate(config.limits, config.drain, metrics)
     # httpx logs every upstream request at INFO (scrapes included): far too chatty.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
 
@@ -95,11 +110,19 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             scrape_client = await stack.enter_async_context(
                 httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
                                   transport=transport, timeout=timeout))
+            health_client = await stack.enter_async_context(
+                httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+                                  transport=transport, timeout=timeout))
             app.state.client = client
+            catalog = ModelCatalog(fleet, client)
+            app.state.catalog = catalog
             app.state.proxy = PDProxy(config, fleet, metrics, client, clients=per_instance)
             scraper = MetricsScraper(fleet, scrape_client, config.scrape, metrics)
             app.state.scraper = scraper
+            checker = HealthChecker(fleet, health_client, config.health)
+            app.state.health = checker
             scraper.start()
+            checker.start()
             from pdgate.discovery import start_discovery
 
             discovery = start_discovery(config, fleet, asyncio.get_running_loop())
@@ -113,6 +136,7 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             try:
                 yield
             finally:
+                await checker.stop()
                 await scraper.stop()
                 if discovery is not None:
                     await asyncio.to_thread(discovery.stop)
@@ -124,11 +148,13 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
     app.state.config = config
     app.state.fleet = fleet
     app.state.metrics = metrics
+    app.state.gate = gate
+    app.add_middleware(GuardMiddleware, gate=gate)
     app.add_middleware(RequestContextMiddleware)  # request id + trace context on every log line
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -148,9 +174,15 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
         request_id = request_id_var.get() or request_id_from_header(request.headers.get("x-request-id"))
         try:
             body = parse_body(await _read_body(request, config.max_body_bytes))
-            validate_request(endpoint, body)
-        except GatewayError:
-            metrics.requests.labels("none", "client_error").inc()
+            validate_request(endpoint, body, config.limits)
+            card = await request.app.state.catalog.lookup(body.get("model"))
+            if not fleet.candidates("decode"):
+                raise GatewayError(503, "no healthy decode instance (all ejected or draining)",
+                                   reason="no_instance",
+                                   headers={"Retry-After": str(max(1, math.ceil(config.health.cooldown_s)))})
+        except GatewayError as e:
+            metrics.requests.labels("none", "client_error" if e.status < 500 else "upstream_error").inc()
+            metrics.rejected.labels(e.reason or f"http_{e.status}").inc()
             raise
         proxy: PDProxy = request.app.state.proxy
 
@@ -159,51 +191,75 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        resp = await proxy.handle(endpoint, body, dict(request.headers), request_id, arrival,
-                                  disconnected)
+        # The legs run while the client is watched: if it leaves before the
+        # response starts (mid-prefill, queued, waiting for the decode's first
+        # byte), the legs are cancelled, which closes their upstream
+        # connections, and vLLM aborts both requests. Once streaming, the
+        # StreamingResponse watches for the disconnect itself.
+        work = asyncio.ensure_future(proxy.handle(endpoint, body, dict(request.headers), request_id, arrival,
+                                                  None, max_model_len=ModelCatalog.max_model_len(card)))
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():
+                work.cancel()
+            watch.cancel()
+        if not work.done() or work.cancelled():
+            try:
+                await work
+            except (asyncio.CancelledError, GatewayError):
+                pass
+            log.info("client left request %s before its response started; legs aborted", request_id)
+            return error_response(499, "client disconnected")
+        try:
+            resp = work.result()
+        except GatewayError as e:
+            if e.reason:
+                metrics.rejected.labels(e.reason).inc()
+            raise
         resp.headers.setdefault("X-Request-Id", request_id)
         return resp
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await _serve(request, "completions")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await _serve(request, "chat/completions")
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        client: httpx.AsyncClient = request.app.state.client
-
-        async def fetch(url: str) -> list[dict[str, object]]:
-            try:
-                r = await client.get(f"{url}/v1/models", timeout=5.0)
-                data = r.json().get("data", []) if r.status_code == 200 else []
-                return [m for m in data if isinstance(m, dict) and "id" in m]
-            except (httpx.HTTPError, ValueError):
-                return []
-
-        results = await asyncio.gather(*(fetch(i.url) for i in fleet.instances))
-        merged: dict[str, dict[str, object]] = {}
-        for data in results:
-            for m in data:
-                merged.setdefault(str(m["id"]), m)
+        merged = await request.app.state.catalog.refresh()
         if not merged:
             raise GatewayError(503, "no instance answered /v1/models")
         return JSONResponse({"object": "list", "data": list(merged.values())})
 
+    if config.metrics_port is None:
+        _add_ops_routes(app, fleet, metrics, gate)
+    if config.admin.token:
+        app.include_router(admin_router(fleet, config.admin.token, metrics))
+    return app
+
+
+def _add_ops_routes(app: FastAPI, fleet: Fleet, metrics: GatewayMetrics, gate: Gate) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         return JSONResponse({
-            "status": "ok",
+            "status": "draining" if gate.draining else "ok",
             "version": __version__,
             "instances": [i.snapshot() for i in fleet.instances],
-        })
+        }, status_code=503 if gate.draining else 200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         data, ctype = metrics.render()
         return Response(content=data, media_type=ctype)
 
-    return app
+
+def create_ops_app(app: FastAPI) -> FastAPI:
+    """The ``/health`` + ``/metrics`` app of a gateway app (served on ``metrics_port``)."""
+    ops = FastAPI(title="pdgate-ops", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
+    _add_ops_routes(ops, app.state.fleet, app.state.metrics, app.state.gate)
+    return ops

@@ -14,6 +14,7 @@ _TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    431: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
@@ -29,13 +30,19 @@ class GatewayError(Exception):
         status: HTTP status code (4xx for the client's fault, 5xx otherwise).
         message: human-readable text for the client.
         param: the offending request field, if any.
+        reason: label for ``pdgate_rejected_requests_total{reason}`` when the
+            request is refused before reaching an instance.
+        headers: extra response headers (e.g. ``Retry-After``).
     """
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, *,
+                 reason: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.reason = reason
+        self.headers = headers
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, object]:

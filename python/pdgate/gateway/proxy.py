@@ -21,6 +21,12 @@ admission queue first (cancelled if the client leaves).
 
 If the prefill leg fails, times out or returns no ``kv_transfer_params`` the
 decode instance serves the request whole (``pdgate_prefill_fallbacks_total``).
+If a decode instance fails before the first byte reached the client
+(refused or dropped connection, 502/503/504), the next decode instance is
+tried; once the request reached an instance, the retry goes without
+``kv_transfer_params`` (the new instance computes the prompt: never KV that
+may have been released). Every leg's outcome feeds the instance's circuit
+breaker (:mod:`pdgate.health`).
 Client-supplied ``kv_transfer_params`` are always dropped. Both legs carry the
 same ``X-Request-Id``.
 """
@@ -34,13 +40,15 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet, Instance
 from pdgate.gateway.context import trace_headers
-from pdgate.gateway.errors import GatewayError, error_body
-from pdgate.gateway.legs import DecodeLeg, StreamStats, int_or_none, scan_sse_events
+from pdgate.gateway.errors import GatewayError
+from pdgate.gateway.legs import DecodeLeg, int_or_none
+from pdgate.gateway.relay import RelayMixin
+from pdgate.gateway.validation import check_context
 from pdgate.metrics import GatewayMetrics
 from pdgate.policies import RequestInfo, RouteContext, RouteDecision, create_policy
 from pdgate.predictor import LatencyPredictor
@@ -53,7 +61,10 @@ try:  # orjson (when installed) encodes a long token-id prompt ~50x faster than 
     import orjson as _orjson
 
     def _dumps(obj: Any) -> bytes:
-        return _orjson.dumps(obj)
+        try:
+            return _orjson.dumps(obj)
+        except TypeError:  # orjson.JSONEncodeError: e.g. integers over 64 bits
+            return json.dumps(obj, separators=(",", ":")).encode()
 
     _loads = _orjson.loads
 except ImportError:  # pragma: no cover - depends on the environment
@@ -99,7 +110,11 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-class PDProxy:
+class _Retry(Exception):
+    """A decode leg failed before its first byte reached the client: try the next instance."""
+
+
+class PDProxy(RelayMixin):
     """Routes requests through prefill and decode instances.
 
     Args:
@@ -154,26 +169,31 @@ class PDProxy:
         return h
 
     async def request_info(self, endpoint: str, body: dict[str, Any], headers: dict[str, str],
-                           request_id: str) -> RequestInfo:
+                           request_id: str, max_model_len: int | None = None) -> RequestInfo:
         """Prompt tokens, priority class and SLO class of a request.
 
         Removes the gateway-only ``slo_class`` body field.
 
         Raises:
-            GatewayError(400): a priority or SLO class that is not valid.
+            GatewayError(400): a priority or SLO class that is not valid, or
+                (when ``max_model_len`` is known and the prompt's token count
+                exact) prompt plus ``max_tokens`` over the model's context.
         """
         lower = {k.lower(): v for k, v in headers.items()}
         prio = self.config.priority
         raw = body.get("priority", lower.get(prio.header.lower()))
         priority = prio.default_priority if raw is None else int_or_none(raw)
         if priority is None:
-            raise GatewayError(400, "'priority' must be an integer", "priority")
+            raise GatewayError(400, "'priority' must be an integer", "priority", reason="invalid_field")
         slo = self.config.slo
         cls = body.pop("slo_class", None) or lower.get(slo.header.lower()) or slo.default
         if not isinstance(cls, str) or cls not in slo.classes:
-            raise GatewayError(400, f"unknown SLO class {cls!r}; known: {sorted(slo.classes)}", "slo_class")
+            raise GatewayError(400, f"unknown SLO class {str(cls)[:100]!r}; known: {sorted(slo.classes)}",
+                               "slo_class", reason="invalid_field")
         dec = self.fleet.candidates("decode")
-        n = await self.tokens.count(endpoint, body, self.client, dec[0].url if dec else None)
+        n, exact = await self.tokens.measure(endpoint, body, self.client, dec[0].url if dec else None)
+        if exact:
+            check_context(n, body, max_model_len)
         target = slo.classes[cls]
         return RequestInfo(request_id=request_id, endpoint=endpoint, body=body, prompt_tokens=n,
                            priority=priority, slo_class=cls, ttft_slo_s=target.ttft_s,
@@ -254,6 +274,10 @@ class PDProxy:
             resp = await self._client(inst).post(f"{inst.url}/v1/{endpoint}", content=_dumps(prefill_body(body)),
                                                  headers={**headers, **_JSON_HEADERS},
                                                  timeout=self._prefill_timeout)
+            if resp.status_code >= 500:
+                inst.breaker.record_failure()
+            else:
+                inst.breaker.record_success()
             if resp.status_code != 200:
                 reason = f"http_{resp.status_code // 100}xx"
                 log.warning("prefill %s on %s answered %s", info.request_id, inst.url, resp.status_code)
@@ -266,8 +290,11 @@ class PDProxy:
                 reason = "no_kv_transfer_params"
         except httpx.TimeoutException:
             reason = "timeout"
+            inst.breaker.record_failure()
         except (httpx.HTTPError, ValueError) as e:
             reason = "connect_error" if isinstance(e, httpx.ConnectError) else "error"
+            if isinstance(e, httpx.TransportError):
+                inst.breaker.record_failure()
             log.warning("prefill %s on %s failed: %r", info.request_id, inst.url, e)
         finally:
             sent.pop(info.request_id, None)
@@ -281,20 +308,23 @@ class PDProxy:
     # -- whole request -----------------------------------------------------
     async def handle(self, endpoint: str, body: dict[str, Any], client_headers: dict[str, str],
                      request_id: str, arrival: float,
-                     disconnected: Callable[[], Awaitable[Any]] | None = None) -> Response:
+                     disconnected: Callable[[], Awaitable[Any]] | None = None,
+                     max_model_len: int | None = None) -> Response:
         """Serve one validated request; returns the response for the client.
 
         ``disconnected`` (optional) returns when the client goes away; it
-        cancels a prefill leg still waiting for admission.
+        cancels a prefill leg still waiting for admission. ``max_model_len``
+        (tokens, optional) is the model's context length.
 
         Raises:
-            GatewayError: bad priority / SLO class (400), no decode instance
+            GatewayError: bad priority / SLO class or prompt over the context
+                (400), no routable decode instance (503), no decode instance
                 could be reached (502/504).
         """
         if body.pop("kv_transfer_params", None) is not None:
             self.metrics.dropped_kv_params.inc()
         try:
-            info = await self.request_info(endpoint, body, client_headers, request_id)
+            info = await self.request_info(endpoint, body, client_headers, request_id, max_model_len)
         except GatewayError:
             self.metrics.requests.labels("none", "client_error").inc()
             raise
@@ -304,165 +334,149 @@ class PDProxy:
         decision = self.decide(info)
         info.doomed = decision.predicted.get("miss", 0.0) >= 1.0
         kv_params = None
+        prefill_span = 0.0
         if decision.kind == "pd" and decision.prefill is not None:
+            t_pre = time.monotonic()
             try:
                 kv_params = await self._run_prefill(endpoint, body, info, headers, decision.prefill,
                                                     disconnected)
             except (GatewayError, asyncio.CancelledError):
                 self.metrics.requests.labels("pd", "cancelled").inc()
                 raise
+            prefill_span = time.monotonic() - t_pre
         route = "pd" if kv_params is not None else ("deflect" if decision.kind == "deflect" else "decode_only")
         decode_body = dict(body)
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
         stream = bool(body.get("stream"))
-        resp, leg = await self._send_decode(endpoint, decode_body, info, headers, route, decision)
+        resp, leg, first, rest = await self._send_decode(endpoint, decode_body, info, headers, route,
+                                                         decision, stream, arrival + prefill_span)
         inst = leg.inst
         if resp.status_code != 200:
             return await self._relay_error(resp, leg, route, arrival)
         if stream:
             return StreamingResponse(
-                self._relay_stream(resp, leg, route, arrival, decision.predicted),
+                self._relay_stream(resp, leg, route, arrival, decision.predicted, first, rest),
                 status_code=200,
                 media_type="text/event-stream",
                 headers={"X-Request-Id": request_id, "Cache-Control": "no-cache"},
             )
-        try:
-            content = await resp.aread()
-        except httpx.HTTPError as e:
-            self.metrics.requests.labels(route, "upstream_error").inc()
-            raise GatewayError(502, f"decode instance failed mid-response: {e!r}") from None
-        finally:
-            await resp.aclose()
-            leg.finish()
-            self._release(inst)
+        content = first
+        await resp.aclose()
+        leg.finish()
+        self._release(inst)
         self.metrics.requests.labels(route, "success").inc()
         self.metrics.e2e.observe(time.monotonic() - arrival)
         return Response(content=content, status_code=200, media_type="application/json",
                         headers={"X-Request-Id": request_id})
 
     async def _send_decode(self, endpoint: str, body: dict[str, Any], info: RequestInfo,
-                           headers: dict[str, str], route: str,
-                           decision: RouteDecision) -> tuple[httpx.Response, DecodeLeg]:
-        """Open the decode leg; on a connect failure try the other decode instances once each.
+                           headers: dict[str, str], route: str, decision: RouteDecision,
+                           stream: bool = False, overhead_base: float | None = None,
+                           ) -> tuple[httpx.Response, DecodeLeg, bytes, AsyncIterator[bytes] | None]:
+        """Open the decode leg and read its first bytes; retry on other decode instances.
 
         The decision's decode instance goes first; otherwise (and for the
-        retries) the decode policy picks among the allowed candidates.
+        retries) the decode policy picks among the allowed candidates. Each
+        instance is tried at most once. A failure before the first byte
+        reached the client (connect error, connection dropped, 502/503/504)
+        moves to the next instance; once the request reached an instance the
+        retries carry no ``kv_transfer_params``.
+
+        ``overhead_base`` (monotonic seconds): arrival plus the prefill leg's
+        span; the first attempt's send time minus it is observed in
+        ``pdgate_added_latency_seconds``.
+
+        Returns:
+            (response, leg, first bytes, rest): the first chunk of a 200
+            stream and the iterator over the remaining chunks; the whole body
+            of a 200 JSON answer; ``b""`` for an error status (its body is
+            still unread). ``rest`` is ``None`` unless streaming.
 
         Raises:
-            GatewayError(502/504): every decode candidate failed to answer.
+            GatewayError(503): no routable decode instance.
+            GatewayError(502/504): every decode candidate failed, or timed out.
         """
         candidates = list(decision.decode_candidates or self.fleet.candidates("decode"))
         first = decision.decode
         if first is not None and first not in candidates:
             candidates.append(first)
+        if not candidates:
+            self.metrics.requests.labels(route, "upstream_error").inc()
+            raise GatewayError(503, "no healthy decode instance (all ejected or draining)",
+                               reason="no_instance", headers={"Retry-After": "1"})
         last_error = "no decode instance"
         payload = _dumps(body)
+        computes_prompt = route != "pd"
         while candidates:
             inst = first if first is not None else self.decode_policy.select(candidates, info)
             first = None
             candidates.remove(inst)
             self._acquire(inst)
-            leg = DecodeLeg(inst, info.request_id, info.tokens, computes_prompt=route != "pd",
+            leg = DecodeLeg(inst, info.request_id, info.tokens, computes_prompt=computes_prompt,
                             deflected=route == "deflect", tpot_slo_s=info.tpot_slo_s,
                             output_tokens=info.output_tokens)
+            resp: httpx.Response | None = None
+            reached = True
             try:
                 client = self._client(inst)
                 req = client.build_request("POST", f"{inst.url}/v1/{endpoint}", content=payload,
                                            headers={**headers, **_JSON_HEADERS}, timeout=self._decode_timeout)
-                return await client.send(req, stream=True), leg
-            except httpx.ConnectError as e:
-                leg.finish()
-                self._release(inst)
-                last_error = f"decode instance {inst.url} unreachable: {e!r}"
+                if overhead_base is not None:
+                    self.metrics.added_latency.observe(max(0.0, time.monotonic() - overhead_base))
+                    overhead_base = None
+                resp = await client.send(req, stream=True)
+                if resp.status_code in (502, 503, 504) and candidates:
+                    raise _Retry(f"answered {resp.status_code}")
+                if resp.status_code >= 500:
+                    inst.breaker.record_failure()
+                    return resp, leg, b"", None
+                if resp.status_code != 200:
+                    inst.breaker.record_success()
+                    return resp, leg, b"", None
+                it: AsyncIterator[bytes] | None = None
+                if stream:
+                    it = resp.aiter_raw()
+                    head = b""
+                    async for chunk in it:  # first non-empty chunk (a dead stream raises or ends)
+                        if chunk:
+                            head = chunk
+                            break
+                    if not head:
+                        raise _Retry("closed the stream before the first byte")
+                else:
+                    head = await resp.aread()
+                inst.breaker.record_success()
+                return resp, leg, head, it
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, _Retry,
+                    httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                reached = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+                last_error = f"decode instance {inst.url} failed before the first byte: {e}"
                 log.warning("%s (request %s)", last_error, info.request_id)
             except httpx.TimeoutException:
-                leg.finish()
-                self._release(inst)
+                self._abandon(inst, leg, resp)
+                inst.breaker.record_failure()
                 self.metrics.requests.labels(route, "upstream_error").inc()
                 raise GatewayError(504, f"decode instance {inst.url} timed out") from None
             except BaseException:
-                leg.finish()
-                self._release(inst)
+                self._abandon(inst, leg, resp)
                 raise
+            leg.finish()
+            self._release(inst)
+            if resp is not None:
+                await resp.aclose()
+            inst.breaker.record_failure()
+            if candidates:
+                self.metrics.decode_retries.labels("connect" if not reached else "dropped").inc()
+            if reached and "kv_transfer_params" in body:
+                body = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+                payload = _dumps(body)
+                computes_prompt = True
         self.metrics.requests.labels(route, "upstream_error").inc()
         raise GatewayError(502, last_error)
 
-    async def _relay_error(self, resp: httpx.Response, leg: DecodeLeg, route: str,
-                           arrival: float) -> Response:
-        """Pass a decode-side error status and body through (wrapped if not JSON)."""
-        try:
-            content = await resp.aread()
-        except httpx.HTTPError:
-            content = b""
-        finally:
-            await resp.aclose()
-            leg.finish()
-            self._release(leg.inst)
-        outcome = "client_error" if 400 <= resp.status_code < 500 else "upstream_error"
-        self.metrics.requests.labels(route, outcome).inc()
-        try:
-            payload = json.loads(content)
-            if not isinstance(payload, dict) or "error" not in payload:
-                raise ValueError
-        except ValueError:
-            payload = error_body(resp.status_code, content.decode("utf-8", "replace")[:2000]
-                                 or f"decode instance answered {resp.status_code}")
-        return JSONResponse(payload, status_code=resp.status_code)
-
-    async def _relay_stream(self, resp: httpx.Response, leg: DecodeLeg, route: str,
-                            arrival: float, predicted: dict[str, float] | None = None) -> AsyncIterator[bytes]:
-        """Relay the decode SSE stream byte for byte; measure TTFT/TPOT.
-
-        The instance's in-flight count and fleet state drop only when the
-        stream ends (completed, failed, or the client went away: closing the
-        upstream response makes vLLM abort the request). Inter-token gaps
-        feed the predictor's decode-step refit.
-        """
-        inst = leg.inst
-        predicted = predicted or {}
-        predicted_ttft = predicted.get("ttft_s")
-        stats = StreamStats(arrival=arrival)
-        buf = bytearray()
-        outcome = "success"
-        try:
-            async for chunk in resp.aiter_raw():
-                buf += chunk
-                now = time.monotonic()
-                new = scan_sse_events(buf, stats, now)
-                if new:
-                    was_decoding = leg.decoding
-                    batch, kv = inst.decode_batch, inst.kv_tokens
-                    leg.on_tokens(new)
-                    if new == 1 and was_decoding and stats.last_token is not None:
-                        self.predictor.observe_decode_gap(batch, kv, now - stats.last_token)
-                    stats.last_token = now
-                yield chunk
-        except httpx.HTTPError as e:
-            outcome = "upstream_error"
-            log.warning("decode stream from %s broke: %r", inst.url, e)
-            err = error_body(502, f"decode instance stream failed: {e!r}")
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
-        except BaseException:  # client disconnect cancels the generator
-            outcome = "cancelled"
-            raise
-        finally:
-            await resp.aclose()
-            leg.finish()
-            self._release(inst)
-            self.metrics.requests.labels(route, outcome).inc()
-            end = time.monotonic()
-            self.metrics.e2e.observe(end - arrival)
-            if outcome == "success" and stats.first_token is not None:
-                self.metrics.ttft.observe(stats.first_token - arrival)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("done %s on %s route=%s ttft=%.4f predicted_ttft=%s tokens=%d e2e=%.4f",
-                              leg.request_id, inst.url, route, stats.first_token - arrival,
-                              f"{predicted_ttft:.4f}" if predicted_ttft else None, stats.tokens, end - arrival)
-                if predicted_ttft:
-                    kind = route if route in ("pd", "deflect") else None
-                    self.predictor.observe_ttft(predicted_ttft, stats.first_token - arrival, kind,
-                                                predicted.get("ttft_model_s"))
-                n = stats.usage_tokens if stats.usage_tokens is not None else stats.tokens
-                if n > 1:
-                    self.metrics.tpot.observe((end - stats.first_token) / (n - 1))
+    def _abandon(self, inst: Instance, leg: DecodeLeg, resp: httpx.Response | None) -> None:
+        leg.finish()
+        self._release(inst)
+        if resp is not None and not resp.is_closed:
+            asyncio.ensure_future(resp.aclose())

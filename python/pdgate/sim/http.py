@@ -60,6 +60,11 @@ class _BadRequest(Exception):
     pass
 
 
+class DropConnection(ConnectionError):
+    """Raised by a handler (or a stream) to close the connection abruptly,
+    without an answer or mid-stream (fault injection: a crashed instance)."""
+
+
 class Conn:
     """One client connection: buffered request parsing and disconnect watching."""
 
@@ -210,6 +215,8 @@ async def _serve_conn(handler: Handler, reader: asyncio.StreamReader, writer: as
             keep = req.headers.get("connection", "").lower() != "close"
             try:
                 resp = await handler(req, conn)
+            except DropConnection:
+                raise
             except Exception as e:  # never let a handler bug kill the connection silently
                 log.exception("handler failed")
                 resp = json_response({"error": {"message": repr(e), "type": "InternalServerError",

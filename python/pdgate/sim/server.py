@@ -6,6 +6,17 @@ Endpoints (as vLLM 0.32's OpenAI server): ``POST /v1/completions``,
 ``return_token_ids``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``,
 ``GET /version``.
 
+Fault injection (tests, the reliability report): ``POST /sim/fault`` with
+``{"mode": M, "status": 500, "after_tokens": 1, "count": null}`` makes the
+next ``count`` completion requests (all, if ``null``) fail as mode ``M``:
+``crash`` (connection closed without an answer), ``hang`` (no answer until
+the client leaves), ``status`` (an error answer with ``status``),
+``no_kv_params`` (a prefill answers without ``kv_transfer_params``),
+``lose_kv`` (a prefill answers, then its KV blocks are gone before the
+decode side reads them), ``crash_mid_stream`` (the stream breaks after
+``after_tokens`` tokens); ``down`` closes every connection (``/health``
+too) until cleared with ``{"mode": null}``.
+
 P/D handshake (NixlConnector protocol, see ../shared/FIELD_NOTES.md): a
 request whose ``kv_transfer_params.do_remote_decode`` is true is a prefill
 leg; it answers with ``kv_transfer_params`` (``do_remote_prefill``,
@@ -33,10 +44,12 @@ from typing import Any, AsyncIterator
 
 from pdgate.sim.blocks import block_hashes
 from pdgate.sim.engine import SimEngine
-from pdgate.sim.http import Conn, HttpRequest, Response, StreamResponse, json_response
+from pdgate.sim.http import Conn, DropConnection, HttpRequest, Response, StreamResponse, json_response
 from pdgate.sim.scheduler import SimRequest, Status
 
 _ids = itertools.count()
+
+FAULT_MODES = ("crash", "hang", "status", "no_kv_params", "lose_kv", "crash_mid_stream", "down")
 
 
 def _word_id(w: str) -> int:
@@ -110,6 +123,40 @@ class SimInstance:
         self.port = port
         self.unknown_paths: dict[str, int] = {}
         self.requests_total = 0
+        self.fault: dict[str, Any] | None = None
+        self.faults_injected = 0
+
+    def set_fault(self, mode: str | None, status: int = 500, after_tokens: int = 1,
+                  count: int | None = None) -> None:
+        """Inject a fault (see module doc); ``mode=None`` clears it.
+
+        Raises:
+            ValueError: unknown mode.
+        """
+        if mode is None:
+            self.fault = None
+            return
+        if mode not in FAULT_MODES:
+            raise ValueError(f"unknown fault mode {mode!r}; known: {FAULT_MODES}")
+        self.fault = {"mode": mode, "status": int(status), "after_tokens": int(after_tokens), "count": count}
+
+    def _take_fault(self) -> dict[str, Any] | None:
+        f = self.fault
+        if f is None:
+            return None
+        if f["count"] is not None:
+            if f["count"] <= 0:
+                self.fault = None
+                return None
+            f["count"] -= 1
+        self.faults_injected += 1
+        return f
+
+    async def _hang(self, conn: Conn) -> None:
+        gone = asyncio.get_running_loop().create_future()
+        conn.on_disconnect(lambda: gone.done() or gone.set_result(None))
+        await gone
+        raise DropConnection("client left a hanging request")
 
     @property
     def url(self) -> str:
@@ -117,6 +164,16 @@ class SimInstance:
 
     async def handle(self, req: HttpRequest, conn: Conn) -> Response | StreamResponse:
         path = req.path
+        if req.method == "POST" and path == "/sim/fault":
+            try:
+                spec = req.json()
+                self.set_fault(spec.get("mode"), spec.get("status", 500), spec.get("after_tokens", 1),
+                               spec.get("count"))
+            except (ValueError, TypeError, AttributeError) as e:
+                return _error(str(e))
+            return json_response({"fault": self.fault})
+        if self.fault is not None and self.fault["mode"] == "down":
+            raise DropConnection("instance down (fault injection)")
         if req.method == "GET":
             if path == "/health":
                 return Response(200, b"", "application/json")
@@ -171,6 +228,15 @@ class SimInstance:
         return ids, mt
 
     async def _complete(self, http_req: HttpRequest, conn: Conn, chat: bool) -> Response | StreamResponse:
+        fault = self._take_fault()
+        mode = fault["mode"] if fault else None
+        if mode == "crash":
+            raise DropConnection("instance crashed before answering (fault injection)")
+        if mode == "hang":
+            await self._hang(conn)
+        if mode == "status":
+            assert fault is not None
+            return _error("injected failure", fault["status"], "InternalServerError")
         try:
             body = http_req.json()
             ids, max_tokens = self._parse(body, chat)
@@ -201,8 +267,9 @@ class SimInstance:
         created = int(time.time())
         if body.get("stream"):
             so = body.get("stream_options") or {}
+            break_after = fault["after_tokens"] if mode == "crash_mid_stream" and fault else None
             return StreamResponse(self._stream(sreq, ev, chat, model, created, bool(so.get("include_usage")),
-                                               return_ids))
+                                               return_ids, break_after))
         while sreq.status not in (Status.FINISHED, Status.HELD, Status.ABORTED):
             await ev.wait()
         if sreq.status == Status.ABORTED:
@@ -220,8 +287,10 @@ class SimInstance:
         out: dict[str, Any] = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                                "created": created, "model": model, "choices": [choice],
                                "usage": self._usage(sreq)}
-        if producer:
+        if producer and mode != "no_kv_params":
             out["kv_transfer_params"] = self._kv_params(sreq)
+            if mode == "lose_kv":  # crashed after answering: the held blocks are gone
+                self.engine.release_held(sreq.request_id)
         return json_response(out)
 
     def _token_id(self, req: SimRequest, i: int) -> int:
@@ -242,7 +311,8 @@ class SimInstance:
                 "remote_prefill_cached_tokens": max(0, req.num_cached_tokens)}
 
     async def _stream(self, req: SimRequest, ev: "_Signal", chat: bool, model: str, created: int,
-                      include_usage: bool, return_ids: bool) -> AsyncIterator[bytes]:
+                      include_usage: bool, return_ids: bool,
+                      break_after: int | None = None) -> AsyncIterator[bytes]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = f'data: {{"id":"{req.request_id}","object":"{obj}","created":{created},"model":{json.dumps(model)},'
         sent = 0
@@ -252,6 +322,8 @@ class SimInstance:
                 n = req.num_output
                 if req.status == Status.ABORTED:
                     return
+                if break_after is not None and n >= break_after:
+                    n = break_after
                 if n > sent:
                     parts = []
                     for i in range(sent, n):
@@ -268,6 +340,8 @@ class SimInstance:
                                          f'"finish_reason":{fin},"stop_reason":null{extra}}}]}}\n\n')
                     sent = n
                     yield "".join(parts).encode()
+                if break_after is not None and sent >= break_after:
+                    raise DropConnection("instance crashed mid-stream (fault injection)")
                 if done:
                     break
                 await ev.wait()

@@ -55,7 +55,7 @@ def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
 
 def estimate_tokens(text: str) -> int:
     """Fallback estimate: one token per 4 UTF-8 bytes (at least 1)."""
-    return max(1, (len(text.encode()) + 3) // 4)
+    return max(1, (len(text.encode("utf-8", "replace")) + 3) // 4)
 
 
 class TokenCounter:
@@ -95,18 +95,24 @@ class TokenCounter:
     async def count(self, endpoint: str, body: dict[str, Any], client: httpx.AsyncClient | None = None,
                     instance_url: str | None = None) -> int:
         """Prompt tokens of a validated request body."""
+        return (await self.measure(endpoint, body, client, instance_url))[0]
+
+    async def measure(self, endpoint: str, body: dict[str, Any], client: httpx.AsyncClient | None = None,
+                      instance_url: str | None = None) -> tuple[int, bool]:
+        """Prompt tokens of a validated request body and whether the count is
+        exact (token ids, a tokenizer) rather than estimated."""
         if endpoint == "completions":
             ids = _token_id_prompt(body.get("prompt"))
             if ids is not None:
-                return len(ids)
+                return len(ids), True
         text = prompt_text(endpoint, body)
         if self.config.words:
-            return max(1, len(text.split()))
-        key = hashlib.blake2b(f"{endpoint}\0{text}".encode(), digest_size=16).hexdigest()
+            return max(1, len(text.split())), True
+        key = hashlib.blake2b(f"{endpoint}\0{text}".encode("utf-8", "replace"), digest_size=16).hexdigest()
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
-            return hit
+            return hit, True
         n: int | None = None
         if self._tok is not None:
             try:
@@ -117,12 +123,12 @@ class TokenCounter:
             n = await self._remote(endpoint, body, client, instance_url)
         if n is None:
             return self._estimate(text, "no_tokenizer" if self._tok is None and not self.config.use_instance
-                                  else "tokenizer_failed")
+                                  else "tokenizer_failed"), False
         if self.config.cache_size:
             self._cache[key] = n
             while len(self._cache) > self.config.cache_size:
                 self._cache.popitem(last=False)
-        return n
+        return n, True
 
     async def _remote(self, endpoint: str, body: dict[str, Any], client: httpx.AsyncClient,
                       url: str) -> int | None:

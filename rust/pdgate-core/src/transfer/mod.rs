@@ -27,3 +27,5 @@ pub use shared::Notification;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod fuzz;
