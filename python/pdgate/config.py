@@ -348,6 +348,14 @@ class HealthConfig(_Strict):
     it again. Bounds (seconds): ejection of a dead instance within
     ``failures_to_eject * (interval_s + timeout_s)``; re-admission within
     ``cooldown_s + successes_to_readmit * (interval_s + timeout_s)`` after it recovers.
+
+    Attributes:
+        enabled: run the active health checker and the breaker.
+        interval_s: seconds between two ``GET /health`` probes of an instance.
+        timeout_s: timeout of one probe, seconds.
+        failures_to_eject: consecutive failures that eject an instance.
+        cooldown_s: seconds an ejected instance waits before it is half-open.
+        successes_to_readmit: consecutive good probes that re-admit it.
     """
 
     enabled: bool = True
@@ -361,7 +369,12 @@ class HealthConfig(_Strict):
 class DrainConfig(_Strict):
     """Graceful drain on SIGTERM/SIGINT: new API requests get 503 with
     ``Retry-After: retry_after_s`` while in-flight ones finish, for at most
-    ``deadline_s`` seconds; then the gateway exits 0."""
+    ``deadline_s`` seconds; then the gateway exits 0.
+
+    Attributes:
+        deadline_s: longest drain, seconds (in-flight requests past it are closed).
+        retry_after_s: ``Retry-After`` header of the 503 answers while draining, seconds.
+    """
 
     deadline_s: float = Field(default=30.0, ge=0)
     retry_after_s: int = Field(default=5, ge=0)

@@ -114,7 +114,7 @@ class GatewayMetrics:
         self.rejected = Counter("pdgate_rejected_requests",
                                 "Requests refused before reaching an instance, by reason.", ["reason"], registry=r)
         self.instance_healthy = Gauge("pdgate_instance_healthy",
-                                      "1 while the instance's circuit breaker is closed (routable), else 0.",
+                                      "1 when the instance's circuit breaker is closed (routable), else 0.",
                                       ["instance", "role"], registry=r)
         self.ejections = Counter("pdgate_instance_ejections",
                                  "Times the circuit breaker ejected the instance from routing.",
@@ -129,7 +129,7 @@ class GatewayMetrics:
             "Gateway time from arrival to sending the decode leg, prefill leg excluded, seconds.",
             buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r)
-        self.draining = Gauge("pdgate_draining", "1 while the gateway drains before shutting down.",
+        self.draining = Gauge("pdgate_draining", "1 when the gateway is draining before shutting down, else 0.",
                               registry=r)
 
     def render(self) -> tuple[bytes, str]:
