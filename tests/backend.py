@@ -42,6 +42,7 @@ class FakeBackend:
         self.down: set[str] = set()                     # host:port refusing connections
         self.status: dict[str, int] = {}                # host:port -> status of completions
         self.delay_s = 0.0                              # sleep before answering a completion
+        self.drop_once: set[str] = set()                # host:port dropping the next completion's connection
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -74,6 +75,9 @@ class FakeBackend:
         if request.method == "POST" and path in COMPLETION_PATHS:
             body = json.loads(request.content)
             self.bodies.append((host, body))
+            if host in self.drop_once:
+                self.drop_once.discard(host)
+                raise httpx.ReadError("connection reset by peer", request=request)
             if self.delay_s:
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)

@@ -345,7 +345,10 @@ class HealthConfig(_Strict):
     ``timeout_s`` each) or passive (connect errors, timeouts, 5xx answers of
     request legs). After ``cooldown_s`` it is half-open: the next health
     probes decide, and ``successes_to_readmit`` consecutive good ones close
-    it again. Bounds (seconds): ejection of a dead instance within
+    it again. A busy vLLM can answer ``/health`` slowly (its event loop
+    shares the CPU with the engine on small hosts): keep ``timeout_s`` well
+    above that, or the only instance of a role can be ejected for being slow.
+    Bounds (seconds): ejection of a dead instance within
     ``failures_to_eject * (interval_s + timeout_s)``; re-admission within
     ``cooldown_s + successes_to_readmit * (interval_s + timeout_s)`` after it recovers.
 
@@ -359,8 +362,8 @@ class HealthConfig(_Strict):
     """
 
     enabled: bool = True
-    interval_s: float = Field(default=1.0, gt=0)
-    timeout_s: float = Field(default=1.0, gt=0)
+    interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0)
     failures_to_eject: int = Field(default=3, ge=1)
     cooldown_s: float = Field(default=5.0, ge=0)
     successes_to_readmit: int = Field(default=1, ge=1)

@@ -130,3 +130,21 @@ async def test_active_health_checks_eject_and_readmit_within_bounds() -> None:
         assert backend.per_path()[("d0:8000", "/v1/completions")] > n
         health = (await c.get("/health")).json()
         assert {i["url"]: i["breaker"] for i in health["instances"]}["http://d0:8000"] == "closed"
+
+
+async def test_stale_keepalive_connection_retried_on_same_instance() -> None:
+    """A connection dropped before any answer (a pooled keep-alive connection
+    the instance had closed) gets one more try on the same instance; the
+    breaker is not charged; the retry carries no kv_transfer_params."""
+    backend = FakeBackend()
+    app = create_app(cfg(n_decode=1, enabled=False, failures_to_eject=1, cooldown_s=60),
+                     transport=backend.transport())
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        backend.drop_once.add("d0:8000")
+        assert (await c.post("/v1/completions", json=BODY)).status_code == 200
+        d0 = app.state.fleet.get("http://d0:8000")
+        assert d0.breaker.state == CLOSED and d0.breaker.failures == 0
+        decode_bodies = [b for h, b in backend.bodies if h == "d0:8000"]
+        assert len(decode_bodies) == 2 and "kv_transfer_params" in decode_bodies[0]
+        assert "kv_transfer_params" not in decode_bodies[1]
+        assert 'pdgate_decode_retries_total{reason="stale_connection"} 1.0' in (await c.get("/metrics")).text

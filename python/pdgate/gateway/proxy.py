@@ -408,6 +408,7 @@ class PDProxy(RelayMixin):
         last_error = "no decode instance"
         payload = _dumps(body)
         computes_prompt = route != "pd"
+        stale_tried: set[str] = set()
         while candidates:
             inst = first if first is not None else self.decode_policy.select(candidates, info)
             first = None
@@ -417,7 +418,7 @@ class PDProxy(RelayMixin):
                             deflected=route == "deflect", tpot_slo_s=info.tpot_slo_s,
                             output_tokens=info.output_tokens)
             resp: httpx.Response | None = None
-            reached = True
+            reached, stale = True, False
             try:
                 client = self._client(inst)
                 req = client.build_request("POST", f"{inst.url}/v1/{endpoint}", content=payload,
@@ -451,7 +452,12 @@ class PDProxy(RelayMixin):
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, _Retry,
                     httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
                 reached = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
-                last_error = f"decode instance {inst.url} failed before the first byte: {e}"
+                # A connection error before any answer is most often a pooled
+                # keep-alive connection the instance had closed: one more try
+                # there, on a fresh connection, before blaming the instance.
+                stale = (resp is None and isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError,
+                                                         httpx.WriteError)) and inst.url not in stale_tried)
+                last_error = f"decode instance {inst.url} failed before the first byte: {e!r}"
                 log.warning("%s (request %s)", last_error, info.request_id)
             except httpx.TimeoutException:
                 self._abandon(inst, leg, resp)
@@ -465,9 +471,15 @@ class PDProxy(RelayMixin):
             self._release(inst)
             if resp is not None:
                 await resp.aclose()
-            inst.breaker.record_failure()
-            if candidates:
-                self.metrics.decode_retries.labels("connect" if not reached else "dropped").inc()
+            if stale:
+                stale_tried.add(inst.url)
+                candidates.append(inst)
+                first = inst
+                self.metrics.decode_retries.labels("stale_connection").inc()
+            else:
+                inst.breaker.record_failure()
+                if candidates:
+                    self.metrics.decode_retries.labels("connect" if not reached else "dropped").inc()
             if reached and "kv_transfer_params" in body:
                 body = {k: v for k, v in body.items() if k != "kv_transfer_params"}
                 payload = _dumps(body)

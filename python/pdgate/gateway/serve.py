@@ -29,11 +29,18 @@ from pdgate.gateway.limits import Gate
 log = logging.getLogger("pdgate.serve")
 
 
+#: Seconds an idle client connection is kept open. Longer than clients' own
+#: pool expiry (httpx 5 s, OpenAI SDK 5 s; load balancers up to 60 s), so a
+#: client never sends on a connection the gateway is closing at that moment
+#: (uvicorn's default, 5 s, races httpx's and loses requests as ReadError).
+KEEPALIVE_S = 75
+
+
 def _uvicorn_config(app: Any, config: GatewayConfig, port: int, **kw: Any) -> uvicorn.Config:
     # h11 must accept headers up to our own limit so the gateway answers 431 itself.
     return uvicorn.Config(app, host=config.host, port=port, log_level=config.log_level,
                           h11_max_incomplete_event_size=config.limits.max_header_bytes + 64 * 1024,
-                          timeout_graceful_shutdown=5,
+                          timeout_keep_alive=KEEPALIVE_S, timeout_graceful_shutdown=5,
                           log_config=None, **kw)  # logging is set up by pdgate.logs
 
 
