@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import httpx
 
+from pdgate.background import BackgroundLoop
+
 from pdgate.config import HealthConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,7 +126,7 @@ def breaker_for(inst: "Instance", config: HealthConfig | None, metrics: Any = No
     return b
 
 
-class HealthChecker:
+class HealthChecker(BackgroundLoop):
     """Background task probing ``GET {url}/health`` of every instance.
 
     Args:
@@ -133,24 +135,13 @@ class HealthChecker:
         config: interval and timeout, seconds.
     """
 
+    task_name = "pdgate-health"
+
     def __init__(self, fleet: "Fleet", client: httpx.AsyncClient, config: HealthConfig) -> None:
         self.fleet = fleet
         self.client = client
         self.config = config
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self.config.enabled and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="pdgate-health")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
 
     async def probe(self, inst: "Instance") -> bool:
         """Probe one instance once and feed its breaker; returns whether it answered 200."""

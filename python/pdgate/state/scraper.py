@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from pdgate.background import BackgroundLoop
+
 from pdgate.config import ScrapeConfig
 from pdgate.fleet import Fleet, Instance
 
@@ -59,7 +61,7 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class MetricsScraper:
+class MetricsScraper(BackgroundLoop):
     """Background task scraping every instance of ``fleet``.
 
     Args:
@@ -69,27 +71,16 @@ class MetricsScraper:
         metrics: gateway metrics (errors and staleness export), optional.
     """
 
+    task_name = "pdgate-scraper"
+
     def __init__(self, fleet: Fleet, client: httpx.AsyncClient, config: ScrapeConfig,
                  metrics: Any = None) -> None:
         self.fleet = fleet
         self.client = client
         self.config = config
         self.metrics = metrics
-        self._task: asyncio.Task[None] | None = None
         self._failures: dict[str, int] = {}
 
-    def start(self) -> None:
-        if self.config.enabled and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="pdgate-scraper")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
 
     async def scrape_once(self) -> None:
         """Scrape every instance once, concurrently."""
