@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from pdgate.localfleet.vllm_server import free_port
+from pdgate.sim.harness import stop_process
 
 
 class SimFleetProcess:
@@ -70,13 +71,7 @@ class SimFleetProcess:
                 "tokenizer": {"words": True}, **kw}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
     def __enter__(self) -> "SimFleetProcess":
         return self.start()

@@ -57,6 +57,17 @@ def vllm_router_bin() -> str | None:
     return str(cand) if cand.exists() else shutil.which("vllm-router")
 
 
+def stop_process(p: "subprocess.Popen[Any] | None", grace_s: float = 10.0) -> None:
+    """SIGTERM ``p`` and wait up to ``grace_s`` seconds, then SIGKILL it; no-op if it has exited."""
+    if p is not None and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
 class Proc:
     """A child process with its log file; stopped by :meth:`stop` (SIGTERM, then SIGKILL)."""
 
@@ -80,13 +91,7 @@ class Proc:
             return ""
 
     def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(5)
+        stop_process(self.p)
 
 
 def wait_ready(url: str, proc: Proc, timeout_s: float = 60.0, path: str = "/health") -> None:
