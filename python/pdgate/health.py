@@ -160,11 +160,5 @@ class HealthChecker(BackgroundLoop):
         """Probe every instance once, concurrently."""
         await asyncio.gather(*(self.probe(i) for i in self.fleet.instances))
 
-    async def _run(self) -> None:
-        while True:
-            start = time.monotonic()
-            try:
-                await self.check_once()
-            except Exception:  # noqa: BLE001 - the loop must survive anything
-                log.exception("health check round failed")
-            await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - start)))
+    async def run_round(self) -> None:
+        await self.check_once()

@@ -111,11 +111,5 @@ class MetricsScraper(BackgroundLoop):
             stale = not inst.scrape_fresh(self.config.stale_after_s)
             self.metrics.scrape_stale.labels(inst.url).set(1.0 if stale else 0.0)
 
-    async def _run(self) -> None:
-        while True:
-            start = time.monotonic()
-            try:
-                await self.scrape_once()
-            except Exception:  # noqa: BLE001 - the loop must survive anything
-                log.exception("scrape round failed")
-            await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - start)))
+    async def run_round(self) -> None:
+        await self.scrape_once()
