@@ -5,27 +5,9 @@
 //! in `Ok` or an error, never a panic (a panic would cross into Python).
 
 use super::layout::{plan_bytes, plan_segments, MemType, RegionLayout};
-use super::meta::{compat_hash, crc32, PeerMeta, RegionDesc};
+use super::meta::{crc32, sample_meta, PeerMeta};
 use crate::error::PdgateError;
 use proptest::prelude::*;
-
-fn sample(regions: u32) -> PeerMeta {
-    PeerMeta {
-        engine_id: "prefill-0".into(),
-        compat_hash: compat_hash("llama|bf16|16|32"),
-        worker_addr: vec![1, 2, 3, 4, 5],
-        lease_base: 0x7000,
-        lease_slots: 64,
-        lease_rkey: vec![9; 12],
-        regions: (0..regions)
-            .map(|i| RegionDesc {
-                id: i,
-                layout: RegionLayout::new(0x10000 * (i as u64 + 1), 4096, 512, 0, 0, MemType::Host).unwrap(),
-                rkey: vec![i as u8 + 1; 20],
-            })
-            .collect(),
-    }
-}
 
 /// Re-patch the total-length field and the trailing CRC so the decoder
 /// passes its framing checks and validates the (mutated) contents.
@@ -95,7 +77,7 @@ proptest! {
     /// whatever decodes re-encodes to the same bytes (nothing half-parsed).
     #[test]
     fn mutated_metadata_never_panics(regions in 0u32..4, muts in proptest::collection::vec(mutation(), 1..6)) {
-        let enc = sample(regions).encode();
+        let enc = sample_meta(regions).encode();
         let mut body = enc[..enc.len() - 4].to_vec();
         for m in &muts {
             apply(&mut body, m);
@@ -110,7 +92,7 @@ proptest! {
     /// Arbitrary payload after a valid header: never a panic.
     #[test]
     fn arbitrary_payload_never_panics(payload in proptest::collection::vec(any::<u8>(), 0..600)) {
-        let enc = sample(1).encode();
+        let enc = sample_meta(1).encode();
         let mut body = enc[..16].to_vec();
         body.extend_from_slice(&payload);
         let _ = PeerMeta::decode(&reframe(body));

@@ -233,35 +233,35 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A valid metadata value with `regions` host regions (test fixture, shared
+/// by the unit tests here and the fuzz tests).
+#[cfg(test)]
+pub(crate) fn sample_meta(regions: u32) -> PeerMeta {
+    PeerMeta {
+        engine_id: "prefill-0".into(),
+        compat_hash: compat_hash("llama|bf16|16|32"),
+        worker_addr: vec![1, 2, 3, 4, 5],
+        lease_base: 0x7000,
+        lease_slots: 64,
+        lease_rkey: vec![9; 12],
+        regions: (0..regions)
+            .map(|i| RegionDesc {
+                id: i,
+                layout: RegionLayout::new(0x10000 * (i as u64 + 1), 4096, 512, 0, 0, MemType::Host)
+                    .unwrap(),
+                rkey: vec![i as u8 + 1; 20],
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn sample() -> PeerMeta {
-        PeerMeta {
-            engine_id: "prefill-0".into(),
-            compat_hash: compat_hash("llama|bf16|16|32"),
-            worker_addr: vec![1, 2, 3, 4, 5],
-            lease_base: 0x7000,
-            lease_slots: 64,
-            lease_rkey: vec![9; 12],
-            regions: (0..3)
-                .map(|i| RegionDesc {
-                    id: i,
-                    layout: RegionLayout::new(
-                        0x10000 * (i as u64 + 1),
-                        4096,
-                        512,
-                        0,
-                        0,
-                        MemType::Host,
-                    )
-                    .unwrap(),
-                    rkey: vec![i as u8 + 1; 20],
-                })
-                .collect(),
-        }
+        sample_meta(3)
     }
 
     #[test]
