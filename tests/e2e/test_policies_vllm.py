@@ -36,7 +36,7 @@ def fleet_1p2d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]
 
 class InProcessGateway:
     def __init__(self, fleet: LocalFleet, **cfg: object) -> None:
-        config = GatewayConfig(prefill=fleet.prefill_urls, decode=fleet.decode_urls, **cfg)
+        config = GatewayConfig(**{"prefill": fleet.prefill_urls, "decode": fleet.decode_urls, **cfg})
         self.server, self.thread, self.url = serve_app_in_thread(create_app(config))
 
     def close(self) -> None:
@@ -92,5 +92,45 @@ def test_burst_mixes_deflected_and_pd_all_token_exact(fleet_1p2d: LocalFleet) ->
         r = body(prompt_ids(250, seed=700), max_tokens=10)
         assert token_ids(complete(gw.url, r)) == reference(fleet_1p2d, r)
         assert gw.counter('pdgate_route_decisions_total{choice="pd"') == pd + 1
+    finally:
+        gw.close()
+
+
+def test_decode_crash_mid_stream_then_retry_on_the_other_decode(fleet_1p2d: LocalFleet) -> None:
+    """Real decode instance killed (SIGKILL) mid-stream: the client's stream ends
+    with an SSE error event (no hang); the next requests go to the surviving
+    decode instance (retry before the first byte, then the circuit breaker) and
+    stay token-exact. Runs last in this module: it kills one decode instance."""
+    import json
+    import signal
+    import time
+
+    victim, survivor = fleet_1p2d.decode[1], fleet_1p2d.decode[0]
+    gw = InProcessGateway(fleet_1p2d, decode=[fleet_1p2d.decode_urls[1], fleet_1p2d.decode_urls[0]],
+                          decode_policy="round_robin")
+    try:
+        req = body(prompt_ids(120, seed=900), max_tokens=400, stream=True)
+        events: list[str] = []
+        start = time.monotonic()
+        with httpx.stream("POST", gw.url + "/v1/completions", json=req, timeout=120.0) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 3:  # decoding on the victim: crash it
+                    assert victim.proc is not None
+                    os.killpg(victim.proc.pid, signal.SIGKILL)
+        assert time.monotonic() - start < 60, "stream hung after the decode instance died"
+        assert len(events) < 400, "the stream ran to completion: the victim was not serving it"
+        last = json.loads(events[-1]) if events[-1] != "[DONE]" else {}
+        assert "error" in last and last["error"]["code"] == 502, events[-3:]
+        victim.stop(5.0)
+        # new requests: round robin would pick the dead instance half the time
+        for i in range(3):
+            r2 = body(prompt_ids(90 + 10 * i, seed=910 + i), max_tokens=8)
+            assert token_ids(complete(gw.url, r2)) == reference(fleet_1p2d, r2)
+        assert gw.counter("pdgate_requests_total") >= 4
+        assert survivor.proc is not None and survivor.proc.poll() is None
     finally:
         gw.close()
