@@ -43,6 +43,7 @@ class FakeBackend:
         self.status: dict[str, int] = {}                # host:port -> status of completions
         self.delay_s = 0.0                              # sleep before answering a completion
         self.drop_once: set[str] = set()                # host:port dropping the next completion's connection
+        self.connect_timeouts: dict[str, int] = {}      # host:port -> completions whose connect times out
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -73,6 +74,9 @@ class FakeBackend:
         if request.method == "GET" and path == "/metrics":
             return httpx.Response(200, text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
         if request.method == "POST" and path in COMPLETION_PATHS:
+            if self.connect_timeouts.get(host, 0) > 0:
+                self.connect_timeouts[host] -= 1
+                raise httpx.ConnectTimeout("", request=request)
             body = json.loads(request.content)
             self.bodies.append((host, body))
             if host in self.drop_once:

@@ -71,6 +71,11 @@ class TimeoutsConfig(_Strict):
 
     Attributes:
         connect_s: TCP connect to an instance.
+        connect_attempts: tries of one decode instance whose TCP connect
+            failed or timed out, when no other decode candidate is left. A
+            failed connect sent nothing, so a retry is always safe; on a
+            loaded host (the gateway's event loop or the instance's accept
+            queue late) a connect can time out once and succeed at once after.
         prefill_s: whole prefill leg (prompt processing + KV handoff answer);
             past it the request falls back to decode-only.
         decode_first_byte_s: from sending the decode leg to its response headers.
@@ -78,6 +83,7 @@ class TimeoutsConfig(_Strict):
     """
 
     connect_s: float = Field(default=5.0, gt=0)
+    connect_attempts: int = Field(default=3, ge=1, le=10)
     prefill_s: float = Field(default=600.0, gt=0)
     decode_first_byte_s: float = Field(default=600.0, gt=0)
     decode_idle_s: float = Field(default=300.0, gt=0)

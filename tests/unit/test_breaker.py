@@ -148,3 +148,24 @@ async def test_stale_keepalive_connection_retried_on_same_instance() -> None:
         assert len(decode_bodies) == 2 and "kv_transfer_params" in decode_bodies[0]
         assert "kv_transfer_params" not in decode_bodies[1]
         assert 'pdgate_decode_retries_total{reason="stale_connection"} 1.0' in (await c.get("/metrics")).text
+
+
+async def test_connect_timeout_on_last_decode_candidate_is_retried_there() -> None:
+    """A connect that times out sent nothing: with no other decode instance
+    the gateway tries the same one again (up to ``connect_attempts``) and the
+    request succeeds; past the attempts it fails with 502 and charges the breaker."""
+    backend = FakeBackend()
+    config = cfg(n_decode=1, enabled=False, failures_to_eject=5, cooldown_s=60)
+    app = create_app(config, transport=backend.transport())
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        d0 = app.state.fleet.get("http://d0:8000")
+        backend.connect_timeouts["d0:8000"] = 2
+        assert (await c.post("/v1/completions", json=BODY)).status_code == 200
+        assert backend.connect_timeouts["d0:8000"] == 0
+        assert d0.breaker.failures == 0
+        text = (await c.get("/metrics")).text
+        assert 'pdgate_decode_retries_total{reason="connect_same_instance"} 2.0' in text
+        backend.connect_timeouts["d0:8000"] = config.timeouts.connect_attempts
+        r = await c.post("/v1/completions", json=BODY)
+        assert r.status_code == 502 and "ConnectTimeout" in r.json()["error"]["message"]
+        assert d0.breaker.failures == 1

@@ -23,7 +23,9 @@ If the prefill leg fails, times out or returns no ``kv_transfer_params`` the
 decode instance serves the request whole (``pdgate_prefill_fallbacks_total``).
 If a decode instance fails before the first byte reached the client
 (refused or dropped connection, 502/503/504), the next decode instance is
-tried; once the request reached an instance, the retry goes without
+tried; when none is left, one that could not be connected to is tried
+again (``timeouts.connect_attempts``). Once the request reached an
+instance, the retry goes without
 ``kv_transfer_params`` (the new instance computes the prompt: never KV that
 may have been released). Every leg's outcome feeds the instance's circuit
 breaker (:mod:`pdgate.health`).
@@ -74,6 +76,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+_CONNECT_BACKOFF_S = 0.2  # first wait before reconnecting to the last decode candidate; doubles, at most 1 s
 
 #: The request-side ``kv_transfer_params`` that asks a prefill instance to
 #: keep the KV cache for a remote decode (vLLM NixlConnector protocol).
@@ -409,6 +412,7 @@ class PDProxy(RelayMixin):
         payload = _dumps(body)
         computes_prompt = route != "pd"
         stale_tried: set[str] = set()
+        connect_tries: dict[str, int] = {}
         while candidates:
             inst = first if first is not None else self.decode_policy.select(candidates, info)
             first = None
@@ -476,6 +480,16 @@ class PDProxy(RelayMixin):
                 candidates.append(inst)
                 first = inst
                 self.metrics.decode_retries.labels("stale_connection").inc()
+            elif not reached and not candidates and \
+                    connect_tries.get(inst.url, 1) < self.config.timeouts.connect_attempts:
+                # The last candidate could not be connected to: nothing was
+                # sent, so try it again after a short backoff before failing.
+                tries = connect_tries.get(inst.url, 1)
+                connect_tries[inst.url] = tries + 1
+                candidates.append(inst)
+                first = inst
+                self.metrics.decode_retries.labels("connect_same_instance").inc()
+                await asyncio.sleep(min(1.0, _CONNECT_BACKOFF_S * 2 ** (tries - 1)))
             else:
                 inst.breaker.record_failure()
                 if candidates:
