@@ -49,6 +49,9 @@ class LocalFleet:
         gateway: also start ``pdgate serve`` in front of the instances.
         gateway_args: extra ``pdgate serve`` flags.
         ready_timeout_s: how long to wait for every server's ``/health``.
+        pin_cores: once ready, give each instance's model worker a core of
+            its own (:meth:`spread_over_cores`); without it NixlConnector
+            runs every worker of the host on its last core.
 
     Raises:
         RuntimeError: a server exited or was not ready in time (log tail in
@@ -58,7 +61,8 @@ class LocalFleet:
     def __init__(self, n_prefill: int = 1, n_decode: int = 1, *, connector: str = "NixlConnector",
                  connector_module: str | None = None, model_dir: str | os.PathLike[str] | None = None,
                  max_model_len: int = 4096, log_dir: str | None = None, gateway: bool = True,
-                 gateway_args: list[str] | None = None, ready_timeout_s: float = 420.0) -> None:
+                 gateway_args: list[str] | None = None, ready_timeout_s: float = 420.0,
+                 pin_cores: bool = True) -> None:
         self.n_prefill = n_prefill
         self.n_decode = n_decode
         self.connector = connector
@@ -72,6 +76,7 @@ class LocalFleet:
         self.with_gateway = gateway
         self.gateway_args = list(gateway_args or [])
         self.ready_timeout_s = ready_timeout_s
+        self.pin_cores = pin_cores
         self.prefill: list[VllmServer] = []
         self.decode: list[VllmServer] = []
         self.gateway_proc: subprocess.Popen[bytes] | None = None
@@ -103,12 +108,31 @@ class LocalFleet:
             deadline = time.monotonic() + self.ready_timeout_s
             for s in self.prefill + self.decode:
                 s.wait_ready(max(1.0, deadline - time.monotonic()))
+            if self.pin_cores:
+                self.spread_over_cores()
             if self.with_gateway:
                 self.start_gateway()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def spread_over_cores(self) -> dict[str, int]:
+        """Give each instance's model worker a core of its own (round robin over
+        the allowed CPUs, prefill instances first), as separate GPUs would be.
+
+        Returns:
+            url -> the CPU id its worker threads now run on.
+        """
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        placed: dict[str, int] = {}
+        if not cpus:
+            return placed
+        for i, s in enumerate(self.prefill + self.decode):
+            cpu = cpus[i % len(cpus)]
+            if s.pin_model_workers({cpu}):
+                placed[s.url] = cpu
+        return placed
 
     def start_gateway(self) -> None:
         """Start ``pdgate serve`` over the running instances and wait for ``/health``."""

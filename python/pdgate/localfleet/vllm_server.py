@@ -168,6 +168,45 @@ class VllmServer:
             time.sleep(1.0)
         raise RuntimeError(f"vLLM server on {self.url} not ready after {timeout_s}s:\n{self.log_tail()}")
 
+    def pin_model_workers(self, cpus: set[int]) -> int:
+        """Pin every thread of this server's model-runner processes to ``cpus``.
+
+        On the CPU platform vLLM's NixlConnector pins its worker process to the
+        last core of each NUMA node (``os.sched_setaffinity`` in
+        ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py``),
+        so on a one-node host every instance computes on the same core while
+        the others idle. Threads created later inherit the new set.
+
+        Args:
+            cpus: logical CPU ids (a subset of this process's allowed CPUs).
+
+        Returns:
+            The number of threads moved (0 if the server is not running or
+            the platform has no ``sched_setaffinity``).
+        """
+        import psutil  # type: ignore[import-untyped]
+
+        if self.proc is None or not hasattr(os, "sched_setaffinity"):
+            return 0
+        moved = 0
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return 0
+        for child in children:
+            try:
+                if "Worker" not in child.name():
+                    continue
+                for t in child.threads():
+                    try:
+                        os.sched_setaffinity(t.id, cpus)
+                        moved += 1
+                    except OSError:  # the thread ended meanwhile
+                        pass
+            except psutil.Error:
+                continue
+        return moved
+
     def log_tail(self, n_bytes: int = 4000) -> str:
         """Last ``n_bytes`` of the server log ('' when logging to /dev/null)."""
         path = self.spec.log_path
