@@ -212,6 +212,11 @@ class PredictorConfig(_Strict):
         kv_transfer_latency_s: fixed KV transfer latency, seconds.
         max_num_batched_tokens: the instances' token budget per step.
         long_prefill_token_threshold: the instances' chunk cap for one long prefill (0 = none).
+        decode_max_num_batched_tokens: the decode instances' token budget per
+            step when it differs (e.g. sized so a deflected prefill chunk
+            beside the decodes stays within their TPOT SLO); ``None`` = as above.
+        decode_long_prefill_token_threshold: the decode instances' chunk cap
+            when it differs; ``None`` = as above.
         time_scale: divides every time coefficient (simulated fleets running faster than real time).
         refit: re-estimate coefficients online from observed latencies.
         refit_window: observations kept for the refit.
@@ -228,6 +233,8 @@ class PredictorConfig(_Strict):
     kv_transfer_latency_s: float | None = Field(default=None, ge=0)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     long_prefill_token_threshold: int | None = Field(default=None, ge=0)
+    decode_max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    decode_long_prefill_token_threshold: int | None = Field(default=None, ge=0)
     time_scale: float = Field(default=1.0, gt=0)
     refit: bool = True
     refit_window: int = Field(default=512, ge=8)

@@ -67,6 +67,16 @@ class Coefficients:
     kv_transfer_latency_s: float = 0.001
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0
+    decode_max_num_batched_tokens: int = 0          # 0: as max_num_batched_tokens
+    decode_long_prefill_token_threshold: int = -1   # -1: as long_prefill_token_threshold
+
+    def budget(self, on_decode: bool = False) -> tuple[int, int]:
+        """(token budget per step, long-prefill chunk cap) of a prefill or a decode instance."""
+        if not on_decode:
+            return self.max_num_batched_tokens, self.long_prefill_token_threshold
+        b = self.decode_max_num_batched_tokens or self.max_num_batched_tokens
+        t = self.decode_long_prefill_token_threshold
+        return b, (self.long_prefill_token_threshold if t < 0 else t)
 
     @classmethod
     def from_config(cls, cfg: PredictorConfig) -> "Coefficients":
@@ -186,14 +196,17 @@ class LatencyPredictor:
                 "decode_seq_s": c.decode_seq_s * wd[1], "decode_kv_token_s": c.decode_kv_token_s * wd[2]}
 
     # -- features ----------------------------------------------------------------
-    def _prefill_features(self, jobs: Sequence[int], decode_batch: int = 0) -> tuple[float, float, float]:
+    def _prefill_features(self, jobs: Sequence[int], decode_batch: int = 0,
+                          on_decode: bool = False) -> tuple[float, float, float]:
         """Base-, token- and attention-cost features of prefilling ``jobs`` in
         order until the last one is done, as vLLM V1's scheduler runs them:
         each step has ``max_num_batched_tokens - decode_batch`` tokens of
         budget, given to the jobs in order, each job capped at
         ``long_prefill_token_threshold`` when more than one request is
-        eligible (so up to budget/threshold long prompts progress together)."""
+        eligible (so up to budget/threshold long prompts progress together).
+        ``on_decode``: the budget of a decode instance (:meth:`Coefficients.budget`)."""
         c = self.base
+        budget, threshold = c.budget(on_decode)
         if not jobs or jobs[-1] <= 0:
             return (0.0, 0.0, 0.0)
         rem = [max(0, int(n)) for n in jobs]
@@ -201,12 +214,12 @@ class LatencyPredictor:
         steps = 0
         tok = 0.0
         attn = 0.0
-        budget0 = max(1, c.max_num_batched_tokens - decode_batch)
+        budget0 = max(1, budget - decode_batch)
         while rem[-1] > 0 and steps < 100_000:
             while rem[first] <= 0:
                 first += 1
             active = sum(1 for r in rem[first:first + 2] if r > 0)
-            thr = c.long_prefill_token_threshold if active + decode_batch > 1 else 0
+            thr = threshold if active + decode_batch > 1 else 0
             b = budget0
             for i in range(first, len(rem)):
                 r = rem[i]
@@ -228,9 +241,10 @@ class LatencyPredictor:
         return (c.step_base_s, batch * c.decode_seq_s, kv_tokens * c.decode_kv_token_s)
 
     # -- predictions -------------------------------------------------------------
-    def prefill_time(self, jobs: Sequence[int], decode_batch: int = 0) -> float:
-        """Seconds until the last of ``jobs`` (prompt tokens, in queue order) is prefilled."""
-        x = self._prefill_features(jobs, decode_batch)
+    def prefill_time(self, jobs: Sequence[int], decode_batch: int = 0, on_decode: bool = False) -> float:
+        """Seconds until the last of ``jobs`` (prompt tokens, in queue order) is prefilled
+        (``on_decode``: by a decode instance, with its token budget)."""
+        x = self._prefill_features(jobs, decode_batch, on_decode)
         return sum(w * v for w, v in zip(self._prefill_fit.w, x))
 
     def transfer_time(self, tokens: int) -> float:
@@ -265,11 +279,12 @@ class LatencyPredictor:
                 "ttft_s": total + xfer + first}
 
     def chunk_tokens(self, tokens: int, decode_batch: int) -> int:
-        """Largest prefill chunk of a ``tokens`` prompt that fits one step beside ``decode_batch``."""
-        c = self.base
-        n = min(tokens, c.max_num_batched_tokens - decode_batch)
-        if decode_batch > 0 and 0 < c.long_prefill_token_threshold < n:
-            n = c.long_prefill_token_threshold
+        """Largest prefill chunk of a ``tokens`` prompt that fits one step of a
+        decode instance beside ``decode_batch`` running sequences."""
+        budget, threshold = self.base.budget(on_decode=True)
+        n = min(tokens, budget - decode_batch)
+        if decode_batch > 0 and 0 < threshold < n:
+            n = threshold
         return max(1, n)
 
     def ttft_deflect(self, queue_ahead: Sequence[int], tokens: int, decode_batch: int,
@@ -280,7 +295,7 @@ class LatencyPredictor:
         ``step_with_chunk_s`` (the decode step time its running requests see
         while it prefills).
         """
-        x = self._prefill_features([*queue_ahead, tokens], decode_batch)
+        x = self._prefill_features([*queue_ahead, tokens], decode_batch, on_decode=True)
         wp, wd, c = self._prefill_fit.w, self._decode_fit.w, self.base
         steps = x[0] / c.step_base_s if c.step_base_s > 0 else 0.0
         per_step_decode = wd[1] * decode_batch * c.decode_seq_s + wd[2] * decode_kv_tokens * c.decode_kv_token_s

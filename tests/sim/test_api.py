@@ -177,3 +177,24 @@ def test_time_scale_runs_faster_than_real_time() -> None:
     # sim e2e of the second request ~ 0.105 (prefill) + 99 * 0.0051 = 0.61 s; wall should be ~1/20 of it
     assert 0.5 < sim_e2e < 1.2
     assert wall < 0.61 / 2  # at least twice faster than real time, even on a loaded host
+
+
+def test_role_overrides_change_only_that_roles_instances() -> None:
+    """``--decode-set`` / ``role_overrides``: e.g. a decode pool with a small step budget."""
+    with SimFleet(1, 1, profile=FAST, role_overrides={"decode": {"max_num_batched_tokens": 256}}) as f:
+        budgets = {i.role: i.engine.profile.max_num_batched_tokens for i in f.instances}
+        assert budgets == {"prefill": 2048, "decode": 256}
+        assert f.describe()["role_overrides"] == {"decode": {"max_num_batched_tokens": 256}}
+        r = httpx.post(f.decode_urls[0] + "/v1/completions", json={"prompt": list(range(1000)), "max_tokens": 2})
+        assert r.status_code == 200
+    with pytest.raises(ValueError, match="unknown roles"):
+        SimFleet(1, 1, profile=FAST, role_overrides={"router": {"max_num_seqs": 1}})
+
+
+def test_cli_rejects_a_bad_role_override() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pdgate", "sim-fleet", "--decode-set", "no_such_field=1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "bad profile" in r.stderr

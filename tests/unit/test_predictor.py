@@ -97,3 +97,21 @@ def test_time_scale_divides_times() -> None:
     assert b.prefill_time([3000]) == pytest.approx(a.prefill_time([3000]) / 2)
     assert b.transfer_time(3000) == pytest.approx(a.transfer_time(3000) / 2)
     assert b.decode_step(8, 9000) == pytest.approx(a.decode_step(8, 9000) / 2)
+
+
+def test_decode_token_budget_drives_deflection_but_not_the_pd_path() -> None:
+    """A decode pool with a smaller step budget (so a prefill chunk beside its
+    decodes fits their TPOT SLO) prefills deflected prompts in more, smaller
+    chunks; the prefill instances' path is unchanged."""
+    base = LatencyPredictor(SIMPLE, refit=False)
+    small = LatencyPredictor(Coefficients(**{**SIMPLE.__dict__, "decode_max_num_batched_tokens": 400}),
+                             refit=False)
+    assert small.ttft_pd([1000], 2000, 4, 100) == base.ttft_pd([1000], 2000, 4, 100)
+    assert small.chunk_tokens(2000, 10) == 390 and base.chunk_tokens(2000, 10) == 990
+    d = small.ttft_deflect([], 2000, 10, 5000)
+    assert d["prefill_steps"] == 6  # ceil(2000 / 390)
+    assert d["step_with_chunk_s"] == pytest.approx(small.decode_step(10, 5000, chunk=390))
+    assert d["step_with_chunk_s"] < base.ttft_deflect([], 2000, 10, 5000)["step_with_chunk_s"]
+    cfg = LatencyPredictor.from_config(PredictorConfig(profile="a100-dsv2-lite", decode_max_num_batched_tokens=1536,
+                                                       decode_long_prefill_token_threshold=0))
+    assert cfg.base.budget(on_decode=True) == (1536, 0) and cfg.base.budget() == (8192, 2048)

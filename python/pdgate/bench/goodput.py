@@ -116,7 +116,8 @@ def run_one(spec: RouterSpec, trace_name: str, trace: Any, fleet: str, rate: flo
     prompts = synth.synthesize_all(plan)
     agg = spec.mode == "agg"
     fleet_proc, info = start_sim_fleet(0 if agg else n_p, 0 if agg else n_d, n_p + n_d if agg else 0,
-                                       args.profile, speed, log_dir)
+                                       args.profile, speed, log_dir,
+                                       extra=[f"--decode-set={x}" for x in args.decode_set])
     urls = info["urls"]
     router = None
     t0 = time.monotonic()
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, help="override the trace window length (trace seconds)")
     ap.add_argument("--configs", nargs="+", help="only configurations whose label contains one of these")
     ap.add_argument("--profile", default="a100-dsv2-lite")
+    ap.add_argument("--decode-set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="profile field for the decode instances only (same fleet for every router), "
+                         "e.g. max_num_batched_tokens=1536")
     ap.add_argument("--speed", type=float, default=2.0, help="simulator time scale (sim s per wall s)")
     ap.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO, seconds")
     ap.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO, seconds")

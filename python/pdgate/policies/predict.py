@@ -37,9 +37,9 @@ def local_prefill_wait_s(ctx: RouteContext, d: Instance) -> float:
         return 0.0
     pr = ctx.predictor
     jobs = list(d.prefill_jobs.values())
-    budget = pr.base.max_num_batched_tokens - d.decode_batch
+    budget = pr.base.budget(on_decode=True)[0] - d.decode_batch
     if sum(jobs) >= budget:
-        return pr.prefill_time(jobs, d.decode_batch)
+        return pr.prefill_time(jobs, d.decode_batch, on_decode=True)
     chunk = pr.chunk_tokens(sum(jobs), d.decode_batch)
     return pr.decode_step(d.decode_batch, d.kv_tokens, chunk) - pr.decode_step(d.decode_batch, d.kv_tokens)
 
@@ -50,7 +50,7 @@ def local_prefill_drag_s(ctx: RouteContext, d: Instance, req: RequestInfo) -> fl
     spread over the request's output tokens (at most all of it)."""
     if not d.prefill_jobs:
         return 0.0
-    pf = ctx.predictor.prefill_time(list(d.prefill_jobs.values()), d.decode_batch + 1)
+    pf = ctx.predictor.prefill_time(list(d.prefill_jobs.values()), d.decode_batch + 1, on_decode=True)
     return pf / max(1, req.output_tokens or 16)
 
 

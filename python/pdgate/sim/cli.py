@@ -40,6 +40,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a profile field, e.g. --set max_num_seqs=128")
+    for role in ("prefill", "decode", "both"):
+        p.add_argument(f"--{role}-set", action="append", default=[], metavar="FIELD=VALUE",
+                       help=f"override a profile field for {role} instances only")
     p.add_argument("--info", help="write the fleet description JSON here")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return p
@@ -63,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         profile = load_profile(args.profile, **_overrides(args.set))
+        roles = {r: _overrides(getattr(args, f"{r}_set")) for r in ("prefill", "decode", "both")}
+        for r, o in roles.items():
+            profile.replace(**o)  # validate now: a bad field is a usage error, not a crash later
     except (OSError, ValueError, TypeError) as e:
         print(f"pdgate sim-fleet: bad profile: {e}", file=sys.stderr)
         return 2
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     ports = [args.port + i for i in range(n)] if args.port else None
     fleet = SimFleet(args.prefill, args.decode, args.both, profile=profile, time_scale=args.time_scale,
                      model=args.model, policy=args.scheduling_policy, host=args.host, ports=ports,
-                     enable_prefix_caching=not args.no_prefix_caching)
+                     enable_prefix_caching=not args.no_prefix_caching, role_overrides=roles)
 
     async def main() -> None:
         await fleet.astart()

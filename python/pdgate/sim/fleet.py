@@ -35,18 +35,29 @@ class SimFleet:
         host: listen address (loopback by default).
         ports: fixed ports in instance order (prefill, decode, both); default free ports.
         enable_prefix_caching: as vLLM's flag.
+        role_overrides: per role (``prefill``, ``decode``, ``both``), profile
+            fields replaced for that role's instances only, e.g. a decode
+            pool with a smaller ``max_num_batched_tokens`` so a prefill
+            chunk beside its decodes fits their TBT budget (Kairos).
         profile_overrides: fields replaced in the loaded profile.
     """
 
     def __init__(self, n_prefill: int = 1, n_decode: int = 1, n_both: int = 0, *,
                  profile: Profile | str = "cpu-tiny", time_scale: float = 1.0, model: str = DEFAULT_MODEL,
                  policy: str = "fcfs", host: str = "127.0.0.1", ports: list[int] | None = None,
-                 enable_prefix_caching: bool = True, **profile_overrides: Any) -> None:
+                 enable_prefix_caching: bool = True, role_overrides: dict[str, dict[str, Any]] | None = None,
+                 **profile_overrides: Any) -> None:
         if isinstance(profile, str):
             profile = load_profile(profile)
         if profile_overrides:
             profile = profile.replace(**profile_overrides)
         self.profile = profile
+        self.role_overrides = {r: dict(v) for r, v in (role_overrides or {}).items() if v}
+        unknown = set(self.role_overrides) - {"prefill", "decode", "both"}
+        if unknown:
+            raise ValueError(f"role_overrides: unknown roles {sorted(unknown)}")
+        self.role_profiles = {r: profile.replace(**self.role_overrides.get(r, {}))
+                              for r in ("prefill", "decode", "both")}
         self.time_scale = time_scale
         self.model = model
         self.policy = policy
@@ -83,7 +94,7 @@ class SimFleet:
         self.clock = SimClock(self.time_scale)
         registry: dict[str, SimEngine] = {}
         for k, role in enumerate(self.roles):
-            eng = SimEngine(self.profile, self.clock, f"sim-{role}-{k}", self.policy, registry,
+            eng = SimEngine(self.role_profiles[role], self.clock, f"sim-{role}-{k}", self.policy, registry,
                             self.enable_prefix_caching)
             inst = SimInstance(eng, self.model, role, self.host)
             server = await start_server(inst.handle, self.host, self.ports[k] if self.ports else 0)
@@ -160,6 +171,7 @@ class SimFleet:
         return {"profile": self.profile.name, "time_scale": self.time_scale,
                 "n_prefill": self.roles.count("prefill"), "n_decode": self.roles.count("decode"),
                 "n_both": self.roles.count("both"), "policy": self.policy, "model": self.model,
+                "role_overrides": self.role_overrides,
                 "urls": {r: self.urls(r) for r in ("prefill", "decode", "both") if self.urls(r)}}
 
     def stats(self) -> list[dict[str, Any]]:
