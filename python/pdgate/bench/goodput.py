@@ -31,6 +31,8 @@ import tempfile
 import time
 from typing import Any
 
+import httpx
+
 from pdgate.bench.metrics import compute_metrics
 from pdgate.bench.prompts import PromptSynthesizer
 from pdgate.bench.replay import run_replay
@@ -126,6 +128,7 @@ def run_one(spec: RouterSpec, trace_name: str, trace: Any, fleet: str, rate: flo
         res = asyncio.run(run_replay(url, info["model"], plan, prompts=prompts, prompt_mode="text",
                                      request_timeout_s=args.timeout, slos={}))
         stats = scrape_fleet([u for us in urls.values() for u in us])
+        router_stats = scrape_router(url) if spec.kind == "pdgate" else {}
     finally:
         if router is not None:
             router.stop()
@@ -144,6 +147,7 @@ def run_one(spec: RouterSpec, trace_name: str, trace: Any, fleet: str, rate: flo
         "metrics": m.to_dict(),
         "slo_attainment": slo_attainment(recs, args.slo_ttft, args.slo_tpot, SLO_SCALES),
         "ttft_samples_s": [r.ttft_s if r.success else None for r in recs],
+        "router_stats": router_stats,
         "fleet_stats": {
             "preemptions": sum(v.get("vllm:num_preemptions_total", 0) for v in stats.values()),
             "kv_transfers": sum(v.get("pdgate_sim_kv_transfers_total", 0) for v in stats.values()),
@@ -153,6 +157,27 @@ def run_one(spec: RouterSpec, trace_name: str, trace: Any, fleet: str, rate: flo
             "per_instance_requests": {u: v.get("vllm:request_success_total", 0) for u, v in stats.items()},
         },
     }
+
+
+def scrape_router(url: str) -> dict[str, float]:
+    """pdgate's own decision and fallback counters after a run (``{series: value}``;
+    empty if the scrape fails): what each policy chose, and how often."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    keep = ("pdgate_route_decisions", "pdgate_prefill_fallbacks", "pdgate_decode_retries")
+    try:
+        text = httpx.get(url + "/metrics", timeout=10.0).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in keep:
+            continue
+        for smp in fam.samples:
+            if smp.name.endswith("_total"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(smp.labels.items()))
+                out[f"{smp.name}{{{labels}}}"] = smp.value
+    return out
 
 
 def _update_readme(doc: dict[str, Any]) -> None:
