@@ -89,6 +89,22 @@ class TimeoutsConfig(_Strict):
     decode_idle_s: float = Field(default=300.0, gt=0)
 
 
+class UpstreamConfig(_Strict):
+    """HTTP client of the request legs (see :mod:`pdgate.gateway.upstream`).
+
+    Attributes:
+        client: ``aiohttp`` (default; ~0.2 ms CPU per leg) or ``httpx``
+            (~1-2 ms per leg: its pool is scanned on every request).
+        max_connections: open connections per instance, at most.
+        keepalive_s: idle connections are closed after this many seconds;
+            keep it under the instances' keep-alive (uvicorn: 5 s).
+    """
+
+    client: Literal["aiohttp", "httpx"] = "aiohttp"
+    max_connections: int = Field(default=4096, ge=1)
+    keepalive_s: float = Field(default=4.0, gt=0)
+
+
 class SloClass(_Strict):
     """Latency targets of one SLO class, seconds."""
 
@@ -420,6 +436,7 @@ class GatewayConfig(_Strict):
         prefill_policy / decode_policy / route_policy / admission_policy:
             routing policy names from :mod:`pdgate.policies`.
         timeouts: per-leg timeouts.
+        upstream: HTTP client of the request legs.
         max_body_bytes: request bodies above this are refused with 413.
         policy: vllm-router's ``--policy``: the instance policy of both legs
             unless ``prefill_policy`` / ``decode_policy`` name their own.
@@ -458,6 +475,7 @@ class GatewayConfig(_Strict):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI, Request
@@ -43,6 +43,7 @@ from pdgate.gateway.errors import GatewayError, error_response
 from pdgate.gateway.limits import Gate, GuardMiddleware
 from pdgate.gateway.proxy import PDProxy
 from pdgate.gateway.schemas import ChatCompletionRequest, CompletionRequest, openapi_body
+from pdgate.gateway.upstream import AiohttpLegClient
 from pdgate.gateway.validation import parse_body, request_id_from_header, validate_request
 from pdgate.logs import request_id_var
 from pdgate.health import HealthChecker
@@ -103,10 +104,17 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
         async with contextlib.AsyncExitStack() as stack:
             client = await stack.enter_async_context(
                 httpx.AsyncClient(limits=limits, transport=transport, timeout=timeout))
-            per_instance = {
-                i.url: await stack.enter_async_context(
-                    httpx.AsyncClient(limits=limits, transport=transport, timeout=timeout))
-                for i in fleet.instances}
+            up = config.upstream
+            per_instance: dict[str, Any] = {}
+            for i in fleet.instances:
+                if up.client == "aiohttp" and transport is None:  # tests inject an httpx transport
+                    per_instance[i.url] = await stack.enter_async_context(
+                        AiohttpLegClient(up.max_connections, up.keepalive_s))
+                else:
+                    per_instance[i.url] = await stack.enter_async_context(httpx.AsyncClient(
+                        limits=httpx.Limits(max_connections=up.max_connections, max_keepalive_connections=256,
+                                            keepalive_expiry=up.keepalive_s),
+                        transport=transport, timeout=timeout))
             scrape_client = await stack.enter_async_context(
                 httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
                                   transport=transport, timeout=timeout))
