@@ -1,0 +1,485 @@
+"""KV block transfer benchmark: pdgate vs ucx_perftest (the ceiling) vs NIXL
+vs ucxx (the ucx-py API) vs single-thread memcpy, same run, same transport.
+
+One command::
+
+    python bench/transfer_bench.py                 # tcp and sm, full sizes
+    python bench/transfer_bench.py --quick         # small sizes (smoke)
+
+Prints a table and writes ``bench/results/transfer.json`` (machine, UCX
+version, transport, host load, GB/s and per-transfer latency of every
+contender, the ratios pdgate/ceiling and pdgate/NIXL).
+
+Layout: Llama-3-8B-like KV cache as vLLM's CPU backend lays it out (one
+region per layer, K and V of a block in one 64 KiB page: 16 tokens x 8 KV
+heads x 128 dims x bf16 x {K,V}), 32 layers, prompts of 512..32k tokens,
+contiguous block ids (coalesced into one run per layer) and fragmented ones
+(random permutations: no two blocks adjacent, 64 KiB operations). Raw
+messages: one block of 4 KiB..64 MiB, 16 transfers in flight (bandwidth)
+and one at a time (latency). Every contender moves the same bytes between
+two processes (memcpy: within one process). pdgate and NIXL pull (READ);
+ucx_perftest runs ``ucp_get`` with 16 outstanding (1 for the one-at-a-time
+latency case); ucxx moves the same
+segments with tagged send/recv (it has no one-sided API).
+
+Ceiling on a shared host: for every case, ucx_perftest and pdgate run in
+alternating rounds (perftest, pdgate, perftest, pdgate, ...; ``--rounds``,
+default 3 each), each round moving about the same bytes. Per contender the
+JSON holds every round's GB/s, the median and the best round; the ratio
+pdgate/ceiling is given best-vs-best and median-vs-median, and the target
+check uses best-vs-best: on a shared host the least-disturbed round of each
+is the fairest estimate of what each can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from pdgate.bench import bench_dir
+from pdgate.bench.transfer_peers import (
+    PAGE,
+    TARGET_BYTES,
+    WINDOW,
+    Child,
+    alloc,
+    log,
+    nixl_tls,
+    perftest_iters,
+    perftest_round,
+    role_nixl,
+    role_pdgate_owner,
+    role_ucxx,
+    run_memcpy,
+    run_nixl,
+    run_ucxx,
+    segments,
+    ucx_env,
+)
+
+LAYERS = 32
+PROMPTS = [512, 2048, 8192, 32768]
+RAW_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+BIG_OP = 256 << 10  # the ceiling target applies to operations of at least this size
+NOTES = [
+    "GB/s = 1e9 bytes/s; a rep is one execution of a case (all its transfers posted, then waited for)",
+    (
+        "ceiling: ucx_perftest (ucp_get, window 16, or 1 for the raw latency case that moves one transfer "
+        "at a time; message = the case's mean coalesced op size, same UCX install and UCX_TLS) and pdgate run in alternating rounds (perftest, pdgate, perftest, pdgate, ...); "
+        "a perftest round is one ucx_perftest run (its overall bandwidth), a pdgate round is reps_per_round "
+        "reps moving about the same bytes (total bytes / total time)"
+    ),
+    (
+        "pdgate_over_ceiling_best = best pdgate round / best perftest round; pdgate_over_ceiling_median = "
+        "median / median. The summary's >= 90% target check uses best-vs-best: on a shared host the "
+        "least-disturbed round of each is the fairest estimate of what each can do"
+    ),
+    (
+        "NIXL, ucxx and memcpy run after pdgate (not alternated): gbps_median / gbps_best are over their reps; "
+        "pdgate_over_nixl_* compare per-rep figures of both (pdgate's rep_gbps_*)"
+    ),
+    "host_load: os.getloadavg() (1, 5, 15 min) at start and end; each row has the 1-min load when it began",
+    "NIXL uses the UCX bundled in its wheel; pdgate and ucx_perftest use libucx-cu12",
+    (
+        "NIXL over sm runs with UCX_TLS=sm,tcp: its UCX backend requires peer-failure handling, "
+        "which posix/sysv lack (pdgate falls back to no peer-failure handling on sm)"
+    ),
+    (
+        "ucxx (successor of ucx-py, same API; ucx-py-cu12 itself cannot be installed from PyPI) moves the same "
+        "segments with tag send/recv; over sm it needs tcp for connection setup (UCX_TLS=sm,tcp)"
+    ),
+]
+
+
+def make_cases(kind: str, n_blocks: int) -> list[dict[str, Any]]:
+    """A case: `transfers`, each a (local_ids, remote_ids) pair applied to
+    every layer."""
+    rng = random.Random(42)
+    if kind == "kv":
+        ids = list(range(n_blocks))
+        loc, rem = ids[:], ids[:]
+        rng.shuffle(loc)
+        rng.shuffle(rem)
+        return [
+            {"name": "contiguous", "transfers": [(ids, ids)]},
+            {"name": "fragmented", "transfers": [(loc, rem)]},
+        ]
+    return [
+        {"name": "bandwidth", "transfers": [([i], [i]) for i in range(WINDOW)]},
+        {"name": "latency", "transfers": [([0], [0])]},
+    ]
+
+
+def reps_for(nbytes: int, quick: bool) -> int:
+    """Reps of the non-alternated contenders (NIXL, ucxx, memcpy)."""
+    return max(2, min(20 if not quick else 8, TARGET_BYTES // max(nbytes, 1)))
+
+
+def run_pdgate(eng: Any, peer: str, case: dict[str, Any], reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        xs = [eng.read_blocks(peer, l, r, timeout_s=120.0) for l, r in case["transfers"]]
+        for x in xs:
+            eng.wait(x, timeout_s=180.0)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def over_reps(times: list[float], nbytes: int, ntransfers: int) -> dict[str, Any]:
+    return {
+        "gbps_median": nbytes / statistics.median(times) / 1e9,
+        "gbps_best": nbytes / min(times) / 1e9,
+        "lat_ms_per_transfer": statistics.median(times) / ntransfers * 1e3,
+        "reps": len(times),
+    }
+
+
+def over_rounds(gbps: list[float]) -> dict[str, Any]:
+    return {
+        "gbps_median": statistics.median(gbps),
+        "gbps_best": max(gbps),
+        "rounds_gbps": [round(g, 4) for g in gbps],
+        "rounds": len(gbps),
+    }
+
+
+def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
+    if key in a and key in b and b[key]:
+        return round(a[key] / b[key], 3)
+    return None
+
+
+def alternate(
+    tls: str, eng: Any, peer: str, case: dict[str, Any], row: dict[str, Any], args: argparse.Namespace, ports: Any
+) -> None:
+    """perftest, pdgate, perftest, pdgate, ...: `args.rounds` rounds each."""
+    nbytes, nt = row["bytes_per_rep"], row["transfers_per_rep"]
+    with_pt = "perftest" not in args.skip
+    # one transfer at a time (raw latency case): one GET outstanding
+    window = 1 if row["case"] == "latency" else WINDOW
+    pt_bytes = perftest_iters(row["op_bytes"]) * row["op_bytes"]
+    reps = max(1, min(100, -(-pt_bytes // nbytes)))
+    run_pdgate(eng, peer, case, 1)  # warm-up
+    pd_times: list[float] = []
+    pd_rounds: list[float] = []
+    pt: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        if with_pt:
+            pt.append(perftest_round(tls, row["op_bytes"], next(ports), window))
+        t = run_pdgate(eng, peer, case, reps)
+        pd_times += t
+        pd_rounds.append(nbytes * len(t) / sum(t) / 1e9)
+    pd = over_rounds(pd_rounds)
+    rep = over_reps(pd_times, nbytes, nt)
+    pd.update(
+        reps_per_round=reps,
+        rep_gbps_median=rep["gbps_median"],
+        rep_gbps_best=rep["gbps_best"],
+        lat_ms_per_transfer=rep["lat_ms_per_transfer"],
+    )
+    row["pdgate"] = pd
+    if not with_pt:
+        return
+    ok = [p for p in pt if "gbps" in p]
+    if not ok:
+        row["perftest"] = {"error": pt[-1].get("error", "no result")}
+        return
+    row["perftest"] = over_rounds([p["gbps"] for p in ok])
+    row["perftest"].update(
+        lat_us_per_msg=statistics.median(p["lat_us"] for p in ok),
+        iters=perftest_iters(row["op_bytes"]),
+        window=window,
+        test="ucp_get",
+        errors=len(pt) - len(ok),
+    )
+    row["pdgate_over_ceiling_best"] = ratio(pd, row["perftest"], "gbps_best")
+    row["pdgate_over_ceiling_median"] = ratio(pd, row["perftest"], "gbps_median")
+
+
+def bench_setup(
+    tls: str, owner: Child, eng: Any, setup: tuple[str, int, int, int, int], args: argparse.Namespace, ports: Any
+) -> list[dict[str, Any]]:
+    """All contenders on one pool geometry and transport; memory is freed
+    between contenders (a 32k-token prompt is 4 GiB a side)."""
+    kind, layers, n, blen, tokens = setup
+    log(f"[{tls}] {kind} layers={layers} blocks={n} block={blen}B")
+    meta = owner.call({"cmd": "setup", "layers": layers, "n": n, "blen": blen})["meta"]
+    peer = eng.add_peer(bytes.fromhex(meta))
+    local = alloc(layers * n * blen, fill=False)
+    regs = [eng.register(local.ctypes.data + l * n * blen, n * blen, blen) for l in range(layers)]
+    cases = make_cases(kind, n)
+    rows = []
+    try:
+        for case in cases:
+            nt = len(case["transfers"])
+            nbytes = sum(len(t[0]) for t in case["transfers"]) * blen * layers
+            segs = sum(len(segments(l, r, blen)) for l, r in case["transfers"]) * layers
+            case["rounds"] = reps_for(nbytes, args.quick)  # reps of NIXL, ucxx, memcpy
+            row: dict[str, Any] = {
+                "transport": tls,
+                "kind": kind,
+                "case": case["name"],
+                "tokens": tokens or None,
+                "msg_bytes": blen if kind == "raw" else None,
+                "bytes_per_rep": nbytes,
+                "transfers_per_rep": nt,
+                "ops_per_rep": segs,
+                "op_bytes": nbytes // segs,
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }
+            alternate(tls, eng, peer, case, row, args, ports)
+            # spot check: a few blocks arrived with the owner's pattern
+            for l_ids, r_ids in case["transfers"][:2] if kind == "kv" else []:
+                for lb, rb in list(zip(l_ids, r_ids))[:3]:
+                    got = local[(layers - 1) * n * blen + lb * blen]
+                    want = ((layers - 1) * n + rb) % 251 + 1
+                    if got != want:
+                        raise AssertionError(f"byte mismatch in {kind}/{case['name']}: {got} != {want}")
+            rows.append(row)
+    finally:
+        for r in regs:
+            eng.deregister(r)
+        del local
+        eng.remove_peer(peer)
+        owner.call({"cmd": "free"})
+    for row, case in zip(rows, cases):
+        t = run_memcpy(layers, n, blen, case, case["rounds"])  # warm-up dropped
+        row["memcpy"] = over_reps(t, row["bytes_per_rep"], row["transfers_per_rep"])
+    for name, fn in (("nixl", run_nixl), ("ucxx", run_ucxx)):
+        if name in args.skip:
+            continue
+        try:
+            res = fn(tls, layers, n, blen, cases)
+            for row, case in zip(rows, cases):
+                row[name] = over_reps(res[case["name"]], row["bytes_per_rep"], row["transfers_per_rep"])
+                if name == "nixl":
+                    row[name]["ucx_tls"] = nixl_tls(tls)
+        except Exception as e:  # noqa: BLE001 - reported in the JSON
+            for row in rows:
+                row[name] = {"error": repr(e)[:300]}
+    for row in rows:
+        pd_reps = {"gbps_median": row["pdgate"]["rep_gbps_median"], "gbps_best": row["pdgate"]["rep_gbps_best"]}
+        for key in ("median", "best"):
+            r = ratio(pd_reps, row.get("nixl", {}), f"gbps_{key}")
+            if r is not None:
+                row[f"pdgate_over_nixl_{key}"] = r
+        print_row(tls, row)
+    return rows
+
+
+def fmt(d: dict[str, Any] | None, best: bool = False) -> str:
+    if not d:
+        return "-"
+    if "gbps_median" not in d:
+        return "err"
+    return f"{d['gbps_median']:.2f}/{d['gbps_best']:.2f}" if best else f"{d['gbps_median']:.2f}"
+
+
+def label(r: dict[str, Any]) -> str:
+    what = f"{r['tokens']}tok" if r["kind"] == "kv" else f"{r['msg_bytes'] >> 10}KiB"
+    return f"{r['kind']} {what} {r['case']}"
+
+
+def print_header() -> None:
+    print(
+        "GB/s; pdgate and perftest: median/best of alternating rounds; ceiling ratios best-vs-best "
+        "(the target check) and median-vs-median; nixl, ucxx, memcpy: median over reps",
+        flush=True,
+    )
+
+
+def print_row(tls: str, r: dict[str, Any]) -> None:
+    what = f"{r['tokens']}tok" if r["kind"] == "kv" else f"{r['msg_bytes'] >> 10}KiB"
+    print(
+        f"{tls:4} {r['kind']:3} {what:>9} {r['case']:10} op={r['op_bytes'] >> 10:>6}KiB "
+        f"pdgate={fmt(r['pdgate'], True)} ({r['pdgate']['lat_ms_per_transfer']:.3f} ms) "
+        f"perftest={fmt(r.get('perftest'), True)} "
+        f"ceil best/best={r.get('pdgate_over_ceiling_best', '-')} med/med={r.get('pdgate_over_ceiling_median', '-')} "
+        f"nixl={fmt(r.get('nixl'))} ucxx={fmt(r.get('ucxx'))} memcpy={fmt(r.get('memcpy'))} "
+        f"ratio_nixl={r.get('pdgate_over_nixl_median', '-')} load={r['load_avg_1m']}",
+        flush=True,
+    )
+
+
+def spread(xs: list[float]) -> dict[str, Any]:
+    return {"min": min(xs, default=None), "median": statistics.median(xs) if xs else None, "n": len(xs)}
+
+
+def add_summary(result: dict[str, Any]) -> None:
+    """Targets: pdgate >= 90% of ucx_perftest for ops >= 256 KiB (best
+    round vs best round); ahead of NIXL on the fragmented KV cases."""
+    summ = {}
+    for run in result["runs"]:
+        big = [r for r in run["kv"] + run["raw"] if r["op_bytes"] >= BIG_OP and "pdgate_over_ceiling_best" in r]
+        best = [r["pdgate_over_ceiling_best"] for r in big]
+        med = [r["pdgate_over_ceiling_median"] for r in big]
+        frag = {
+            f"{r['tokens']}tok": r["pdgate_over_nixl_median"]
+            for r in run["kv"]
+            if r["case"] == "fragmented" and "pdgate_over_nixl_median" in r
+        }
+        summ[run["transport"]] = {
+            "pdgate_over_ceiling_ops_ge_256KiB_best_vs_best": spread(best),
+            "pdgate_over_ceiling_ops_ge_256KiB_median_vs_median": spread(med),
+            "below_90pct_best_vs_best": {label(r): r["pdgate_over_ceiling_best"] for r in big if r["pdgate_over_ceiling_best"] < 0.9},
+            "pdgate_over_nixl_fragmented_median": frag,
+            "target_ceiling_90pct_met": bool(best) and min(best) >= 0.9,
+            "target_ceiling_basis": "best round vs best round (alternating rounds, shared host)",
+            "target_ahead_of_nixl_fragmented_met": bool(frag) and min(frag.values()) > 1.0,
+        }
+    result["summary"] = summ
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    for tls, s in result["summary"].items():
+        b = s["pdgate_over_ceiling_ops_ge_256KiB_best_vs_best"]
+        m = s["pdgate_over_ceiling_ops_ge_256KiB_median_vs_median"]
+        print(
+            f"{tls}: pdgate/ceiling for ops >= 256 KiB, best-vs-best (target basis) min {b['min']} median "
+            f"{b['median']} (n={b['n']}); median-vs-median min {m['min']} median {m['median']}; "
+            f">= 90% met: {s['target_ceiling_90pct_met']}; ahead of NIXL fragmented: "
+            f"{s['target_ahead_of_nixl_fragmented_met']}",
+            flush=True,
+        )
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        cpu = next(
+            (l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")),
+            "",
+        )
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        mem = 0
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_bytes": mem,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", default="main")
+    ap.add_argument("--tls", default="tcp")
+    ap.add_argument("--spec", default="{}")
+    ap.add_argument("--transports", default="tcp,sm")
+    ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ucx_perftest and pdgate (each)")
+    ap.add_argument("--prompts", default=None, help="comma-separated prompt lengths in tokens ('none': raw messages only)")
+    ap.add_argument("--raw-sizes", default=None, help="comma-separated message sizes in bytes ('none': KV cases only)")
+    ap.add_argument("--skip", default="", help="comma list of nixl,ucxx,perftest")
+    ap.add_argument("--out", default=os.path.join(bench_dir(), "results", "transfer.json"))
+    ap.add_argument("--resummarize", default=None, help="recompute the summary of a result file")
+    return ap.parse_args(argv)
+
+
+def ints(s: str | None, default: list[int]) -> list[int]:
+    if s is None:
+        return default
+    return [int(x) for x in s.split(",") if x.strip() and x != "none"]
+
+
+def main(argv: list[str] | None = None) -> int | None:
+    args = parse_args(argv)
+    if args.resummarize:
+        res = json.loads(Path(args.resummarize).read_text())
+        add_summary(res)
+        Path(args.resummarize).write_text(json.dumps(res, indent=1))
+        print(json.dumps(res["summary"], indent=1))
+        return None
+    if args.role != "main":
+        if args.role == "pdgate-owner":
+            role_pdgate_owner(args.tls)
+        elif args.role.startswith("nixl-"):
+            role_nixl(args.role[5:], args.spec)
+        elif args.role.startswith("ucxx-"):
+            role_ucxx(args.role[5:], args.spec)
+        return None
+    args.prompts = ints(args.prompts, PROMPTS[:2] if args.quick else PROMPTS)
+    args.raw_sizes = ints(args.raw_sizes, [4 << 10, 256 << 10, 1 << 20] if args.quick else RAW_SIZES)
+    args.skip = set(filter(None, args.skip.split(",")))
+    from pdgate.transfer import create_engine
+
+    probe = create_engine("bench-probe")
+    versions: dict[str, str] = {"ucx": probe.ucx_version}
+    probe.close()
+    for pkg in ("nixl", "ucxx-cu12", "libucx-cu12", "numpy"):
+        try:
+            versions[pkg] = version(pkg)
+        except Exception:  # noqa: BLE001
+            versions[pkg] = "not installed"
+    tlss = args.transports.split(",")
+    runs = {t: {"transport": t, "kv": [], "raw": []} for t in tlss}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "host_load": {"start": [round(x, 2) for x in os.getloadavg()], "end": None},
+        "versions": versions,
+        "layout": {
+            "layers": LAYERS,
+            "block_tokens": 16,
+            "kv_heads": 8,
+            "head_dim": 128,
+            "dtype": "bf16",
+            "page_bytes_per_block_per_layer": PAGE,
+            "note": "vLLM CPU backend layout (LBHNC): K and V of a block share one page per layer",
+        },
+        "notes": NOTES,
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "prompts": args.prompts,
+        "raw_sizes": args.raw_sizes,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": list(runs.values()),
+    }
+    ports = itertools.count(20000 + os.getpid() % 20000)
+    setups: list[tuple[str, int, int, int, int]] = []  # kind, layers, n, blen, tokens
+    setups += [("kv", LAYERS, tok // 16, PAGE, tok) for tok in args.prompts]
+    setups += [("raw", 1, WINDOW, size, 0) for size in args.raw_sizes]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    print_header()
+    peers = {}
+    try:
+        for t in tlss:
+            peers[t] = (
+                Child(["--role", "pdgate-owner", "--tls", t], ucx_env(t)),
+                create_engine(f"bench-reader-{t}", "bench", transports=t),
+            )
+        # Transports interleaved per geometry, so a cut-short run still
+        # compares them on the same sizes; the file is rewritten each step.
+        for setup in setups:
+            for t in tlss:
+                owner, eng = peers[t]
+                runs[t][setup[0]].extend(bench_setup(t, owner, eng, setup, args, ports))
+                result["host_load"]["end"] = [round(x, 2) for x in os.getloadavg()]
+                result["finished"] = setup == setups[-1] and t == tlss[-1]
+                result["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                add_summary(result)
+                Path(args.out).write_text(json.dumps(result, indent=1))
+    finally:
+        for owner, eng in peers.values():
+            eng.close()
+            owner.close()
+    print_summary(result)
+    print(f"wrote {args.out}")
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The transfer benchmark's bookkeeping (no UCX): alternating rounds of
+ucx_perftest and pdgate, best-vs-best ceiling ratio as the target basis."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from typing import Any
+
+import pytest
+from pdgate.bench import transfer as tb
+
+
+def _row(op_bytes: int, nbytes: int, nt: int = 1) -> dict[str, Any]:
+    return {
+        "transport": "tcp",
+        "kind": "raw",
+        "case": "bandwidth",
+        "tokens": None,
+        "msg_bytes": op_bytes,
+        "bytes_per_rep": nbytes,
+        "transfers_per_rep": nt,
+        "ops_per_rep": nbytes // op_bytes,
+        "op_bytes": op_bytes,
+        "load_avg_1m": 0.0,
+    }
+
+
+def test_rounds_alternate_and_ratios_use_best_and_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    pt_gbps = iter([1.0, 2.0, 0.5])
+    pd_time = iter([0.5, 1.0, 0.25])  # seconds per rep: 2, 1 and 4 GB/s for 1e9 bytes
+
+    def fake_perftest(tls: str, size: int, port: int, window: int = 16) -> dict[str, Any]:
+        order.append("perftest")
+        assert window == 16
+        return {"gbps": next(pt_gbps), "lat_us": 10.0}
+
+    def fake_pdgate(eng: Any, peer: str, case: dict[str, Any], reps: int) -> list[float]:
+        order.append("pdgate")
+        if len(order) == 1:  # warm-up
+            return [1.0]
+        return [next(pd_time)] * reps
+
+    monkeypatch.setattr(tb, "perftest_round", fake_perftest)
+    monkeypatch.setattr(tb, "run_pdgate", fake_pdgate)
+    row = _row(op_bytes=10**9, nbytes=10**9)
+    args = argparse.Namespace(rounds=3, skip=set())
+    tb.alternate("tcp", None, "p", {"transfers": [([0], [0])]}, row, args, itertools.count(1))
+    assert order == ["pdgate"] + ["perftest", "pdgate"] * 3
+    assert row["perftest"]["gbps_best"] == 2.0 and row["perftest"]["gbps_median"] == 1.0
+    assert row["pdgate"]["gbps_best"] == pytest.approx(4.0)
+    assert row["pdgate"]["gbps_median"] == pytest.approx(2.0)
+    assert row["pdgate_over_ceiling_best"] == 2.0
+    assert row["pdgate_over_ceiling_median"] == 2.0
+    assert row["pdgate"]["rounds"] == row["perftest"]["rounds"] == 3
+
+
+def test_summary_target_uses_best_vs_best() -> None:
+    big = _row(1 << 20, 16 << 20) | {"pdgate_over_ceiling_best": 0.95, "pdgate_over_ceiling_median": 0.7}
+    low = _row(1 << 20, 16 << 20) | {"case": "latency", "pdgate_over_ceiling_best": 0.85, "pdgate_over_ceiling_median": 1.2}
+    small = _row(4 << 10, 64 << 10) | {"pdgate_over_ceiling_best": 0.1, "pdgate_over_ceiling_median": 0.1}
+    res: dict[str, Any] = {"runs": [{"transport": "tcp", "kv": [], "raw": [big, small]}]}
+    tb.add_summary(res)
+    s = res["summary"]["tcp"]
+    assert s["target_ceiling_90pct_met"] is True  # the 4 KiB op is below the 256 KiB threshold
+    assert s["pdgate_over_ceiling_ops_ge_256KiB_best_vs_best"]["min"] == 0.95
+    assert s["pdgate_over_ceiling_ops_ge_256KiB_median_vs_median"]["min"] == 0.7
+    res["runs"][0]["raw"].append(low)
+    tb.add_summary(res)
+    s = res["summary"]["tcp"]
+    assert s["target_ceiling_90pct_met"] is False
+    assert s["below_90pct_best_vs_best"] == {"raw 1024KiB latency": 0.85}
