@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 
 from pdgate.localfleet import SERVED_MODEL_NAME, LocalFleet
 from pdgate.sim.fidelity import fidelity
