@@ -9,25 +9,20 @@ from __future__ import annotations
 
 import os
 
-import psutil  # type: ignore[import-untyped]
 import pytest
 
-from pdgate.localfleet import LocalFleet
+from pdgate.localfleet import LocalFleet, VllmServer
 
 
-def worker_affinities(server_pid: int) -> list[set[int]]:
-    """CPU sets of every thread of the model-runner processes under ``server_pid``."""
-    out = []
-    for child in psutil.Process(server_pid).children(recursive=True):
-        if "Worker" in child.name():
-            out.extend(set(os.sched_getaffinity(t.id)) for t in child.threads())
-    return out
+def worker_affinities(server: VllmServer) -> list[set[int]]:
+    """CPU sets of every thread of the server's model-runner processes."""
+    return [set(os.sched_getaffinity(t)) for t in server.model_worker_threads()]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to spread over")
 def test_prefill_and_decode_workers_compute_on_different_cores(vllm_fleet: LocalFleet) -> None:
-    pre = worker_affinities(vllm_fleet.prefill[0].proc.pid)  # type: ignore[union-attr]
-    dec = worker_affinities(vllm_fleet.decode[0].proc.pid)  # type: ignore[union-attr]
+    pre = worker_affinities(vllm_fleet.prefill[0])
+    dec = worker_affinities(vllm_fleet.decode[0])
     assert pre and dec, "no model worker process found"
     assert all(len(a) == 1 for a in pre + dec), (pre, dec)
     assert {min(a) for a in pre} != {min(a) for a in dec}

@@ -31,14 +31,12 @@ import tempfile
 import time
 from typing import Any
 
-import httpx
-
 from pdgate.bench.metrics import compute_metrics
 from pdgate.bench.prompts import PromptSynthesizer
 from pdgate.bench.replay import run_replay
 from pdgate.bench.traces import load_trace, make_plan
 from pdgate.bench import bench_dir
-from pdgate.sim.harness import (RouterSpec, scrape_fleet, slo_attainment, start_router, start_sim_fleet,
+from pdgate.sim.harness import (RouterSpec, read_counters, scrape_fleet, slo_attainment, start_router, start_sim_fleet,
                                 to_sim_time, vllm_router_bin)
 from pdgate.sim.profiles import load_profile
 from pdgate.sim.report import goodput_markdown, replace_readme_block, summary_markdown, target_checks, plot_slo_vs_rate, plot_ttft_cdf
@@ -166,22 +164,9 @@ def run_one(spec: RouterSpec, trace_name: str, trace: Any, fleet: str, rate: flo
 def scrape_router(url: str) -> dict[str, float]:
     """pdgate's own decision and fallback counters after a run (``{series: value}``;
     empty if the scrape fails): what each policy chose, and how often."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    keep = ("pdgate_route_decisions", "pdgate_prefill_fallbacks", "pdgate_decode_retries")
-    try:
-        text = httpx.get(url + "/metrics", timeout=10.0).text
-    except httpx.HTTPError:
-        return {}
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name not in keep:
-            continue
-        for smp in fam.samples:
-            if smp.name.endswith("_total"):
-                labels = ",".join(f"{k}={v}" for k, v in sorted(smp.labels.items()))
-                out[f"{smp.name}{{{labels}}}"] = smp.value
-    return out
+    names = ("pdgate_route_decisions_total", "pdgate_prefill_fallbacks_total", "pdgate_decode_retries_total")
+    return {f"{n}{{{','.join(f'{k}={v}' for k, v in sorted(lab.items()))}}}": v
+            for n, lab, v in read_counters(url, names) or []}
 
 
 def _update_readme(doc: dict[str, Any]) -> None:

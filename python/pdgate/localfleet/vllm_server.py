@@ -168,6 +168,26 @@ class VllmServer:
             time.sleep(1.0)
         raise RuntimeError(f"vLLM server on {self.url} not ready after {timeout_s}s:\n{self.log_tail()}")
 
+    def model_worker_threads(self) -> list[int]:
+        """Thread ids of this server's model-runner processes (``VLLM::Worker``);
+        empty if the server is not running."""
+        import psutil  # type: ignore[import-untyped]
+
+        if self.proc is None:
+            return []
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        tids: list[int] = []
+        for child in children:
+            try:
+                if "Worker" in child.name():
+                    tids.extend(t.id for t in child.threads())
+            except psutil.Error:
+                continue
+        return tids
+
     def pin_model_workers(self, cpus: set[int]) -> int:
         """Pin every thread of this server's model-runner processes to ``cpus``.
 
@@ -184,27 +204,15 @@ class VllmServer:
             The number of threads moved (0 if the server is not running or
             the platform has no ``sched_setaffinity``).
         """
-        import psutil  # type: ignore[import-untyped]
-
-        if self.proc is None or not hasattr(os, "sched_setaffinity"):
+        if not hasattr(os, "sched_setaffinity"):
             return 0
         moved = 0
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return 0
-        for child in children:
+        for tid in self.model_worker_threads():
             try:
-                if "Worker" not in child.name():
-                    continue
-                for t in child.threads():
-                    try:
-                        os.sched_setaffinity(t.id, cpus)
-                        moved += 1
-                    except OSError:  # the thread ended meanwhile
-                        pass
-            except psutil.Error:
-                continue
+                os.sched_setaffinity(tid, cpus)
+                moved += 1
+            except OSError:  # the thread ended meanwhile
+                pass
         return moved
 
     def log_tail(self, n_bytes: int = 4000) -> str:

@@ -191,22 +191,35 @@ def slo_attainment(records: Sequence[RequestRecord], ttft_s: float, tpot_s: floa
             for k in scales}
 
 
+def read_counters(url: str, names: Sequence[str]) -> list[tuple[str, dict[str, str], float]] | None:
+    """Samples ``(name, labels, value)`` of ``url``'s ``/metrics`` whose sample name is in
+    ``names`` (e.g. ``vllm:num_preemptions_total``, ``pdgate_route_decisions_total``);
+    ``None`` if the scrape fails."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
+    except httpx.HTTPError:
+        return None
+    want = set(names)
+    return [(smp.name, dict(smp.labels), float(smp.value))
+            for fam in text_string_to_metric_families(text) for smp in fam.samples if smp.name in want]
+
+
 def scrape_fleet(urls: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Selected counters of each instance's ``/metrics`` (preemptions, loop lag, transfers)."""
+    """Selected counters of each instance's ``/metrics`` (preemptions, loop lag, transfers),
+    summed over labels."""
     keys = ("vllm:num_preemptions_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
             "pdgate_sim_kv_transfers_total", "pdgate_sim_kv_load_failures_total",
             "pdgate_sim_loop_lag_seconds_sum", "pdgate_sim_loop_lag_seconds_count", "vllm:request_success_total",
             "vllm:prompt_tokens_total")
     out: dict[str, dict[str, float]] = {}
     for u in urls:
-        try:
-            text = httpx.get(u + "/metrics", timeout=5, trust_env=False).text
-        except httpx.HTTPError:
+        samples = read_counters(u, keys)
+        if samples is None:
             continue
         vals: dict[str, float] = {}
-        for line in text.splitlines():
-            for k in keys:
-                if line.startswith(k + "{"):
-                    vals[k] = vals.get(k, 0.0) + float(line.rsplit(" ", 1)[1])
+        for name, _, v in samples:
+            vals[name] = vals.get(name, 0.0) + v
         out[u] = vals
     return out
