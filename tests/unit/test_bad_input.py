@@ -185,3 +185,20 @@ def test_client_kv_transfer_params_are_dropped_never_forwarded(gw: tuple[TestCli
         kv = body.get("kv_transfer_params") or {}
         assert kv.get("remote_host") != "169.254.169.254" and kv.get("remote_engine_id") != "evil"
     assert "pdgate_client_kv_transfer_params_dropped_total 1.0" in client.get("/metrics").text
+
+
+def test_context_check_uses_the_largest_instance_context() -> None:
+    """Instances differ in ``max_model_len`` (prefill started with a smaller
+    one): a prompt that only the decode instance can hold is served (the
+    prefill instance would refuse it, which is a fallback), one that no
+    instance can hold is refused with 400 before reaching any."""
+    backend = FakeBackend(max_model_len=4096)
+    backend.max_model_len_of["p0:8000"] = 512
+    app = create_app(gateway_config(), transport=backend.transport())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        ok = client.post("/v1/completions", json=_c(prompt=[7] * 1000, max_tokens=8))
+        assert ok.status_code == 200, ok.text
+        before = backend.completion_calls
+        too_long = client.post("/v1/completions", json=_c(prompt=[7] * 4090, max_tokens=8))
+        assert too_long.status_code == 400 and "4096" in too_long.json()["error"]["message"], too_long.text
+        assert backend.completion_calls == before

@@ -3,7 +3,7 @@
 Used for ``GET /v1/models``, to refuse unknown models (404, as vLLM's
 ``NotFoundError``) and to learn each model's context length
 (``max_model_len``, vLLM's field on every model card) without asking an
-instance per request. The cache is refreshed after ``ttl_s`` seconds, and at
+instance per request (the largest across instances serving the model). The cache is refreshed after ``ttl_s`` seconds, and at
 most every ``min_refresh_s`` seconds when a request names a model it does not
 know (an instance added since). When no instance answers, nothing is refused
 on these grounds (the gateway cannot know better than the instances).
@@ -58,7 +58,14 @@ class ModelCatalog:
             merged: dict[str, dict[str, Any]] = {}
             for data in results:
                 for m in data:
-                    merged.setdefault(m["id"], m)
+                    card = merged.setdefault(m["id"], dict(m))
+                    # Instances may differ in context length (e.g. prefill
+                    # started with a smaller --max-model-len): the fleet can
+                    # serve up to the largest one; a prefill instance that
+                    # refuses a longer prompt (400) is a fallback, not an error.
+                    mine, theirs = self.max_model_len(card), self.max_model_len(m)
+                    if theirs is not None and (mine is None or theirs > mine):
+                        card["max_model_len"] = theirs
             self.models = merged
             self.fetched_at = time.monotonic()
             return merged

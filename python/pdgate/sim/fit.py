@@ -52,8 +52,12 @@ async def _stream_times(c: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
     return times[0], [b - a for a, b in zip(times, times[1:])]
 
 
-QUICK_POINTS: dict[str, Any] = {"prefill": (64, 512, 1024, 2048), "decode": ((1, 64), (4, 64), (16, 64)), "pd": (128, 1024),
-                "reps": 3}
+# Decode points vary both batch and context: with one context length the
+# per-sequence and per-KV-token columns are collinear and least squares splits
+# the cost between them arbitrarily, which misprices long-context decode steps.
+QUICK_POINTS: dict[str, Any] = {"prefill": (64, 512, 1024, 2048),
+                                "decode": ((1, 64), (4, 64), (16, 64), (1, 1024), (4, 512)),
+                                "pd": (128, 1024), "reps": 3}
 
 
 async def measure(prefill_url: str, decode_url: str, model: str, reps: int = 3,
