@@ -173,6 +173,15 @@ class Instance:
             return max(own, int(self.scraped.get("num_requests_waiting", 0)))
         return own
 
+    def running_requests(self, stale_after_s: float = 1.0) -> int:
+        """Requests in the instance's batch: scraped ``num_requests_running`` when
+        fresh (it includes other gateway replicas' requests), else the
+        gateway's own legs in flight here."""
+        own = self.in_flight
+        if self.scrape_fresh(stale_after_s):
+            return max(own, int(self.scraped.get("num_requests_running", 0)))
+        return own
+
     def snapshot(self) -> dict[str, object]:
         """A JSON-able view (``/health``, debug logs)."""
         return {"url": self.url, "role": self.role, "pool": self.pool, "healthy": self.healthy,

@@ -85,6 +85,17 @@ def test_instance_waiting_uses_fresh_scrape_only() -> None:
     assert i.waiting_requests(1.0) == 1
 
 
+def test_instance_running_uses_fresh_scrape_only() -> None:
+    i = Instance(url="http://x:1", role="decode")
+    i.acquire()
+    i.scraped, i.scraped_at = {"num_requests_running": 6.0}, time.monotonic()
+    assert i.running_requests(1.0) == 6        # includes requests other replicas sent
+    i.scraped = {"num_requests_running": 0.0}
+    assert i.running_requests(1.0) == 1        # never below the gateway's own legs
+    i.scraped, i.scraped_at = {"num_requests_running": 6.0}, time.monotonic() - 5
+    assert i.running_requests(1.0) == 1
+
+
 async def test_token_counter_sources() -> None:
     m = GatewayMetrics()
     tc = TokenCounter(TokenizerConfig(), m)

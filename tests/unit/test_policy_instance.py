@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -51,6 +52,20 @@ def test_least_load_counts_decode_kv_and_spreads_ties() -> None:
     pol = create_policy("least_load")
     picks = Counter(pol.select([d0, d1, d2], request(5)).url for _ in range(10))
     assert "http://d0:1" not in picks and len(picks) == 2  # ties alternate between d1 and d2
+
+
+def test_least_load_ties_go_by_scraped_running_requests() -> None:
+    """Own counters equal (another gateway replica sent the load): the scraped
+    batch decides; a stale scrape does not."""
+    f = snapshot_fleet(0, 2)
+    d0, d1 = f.by_role("decode")
+    d0.scraped, d0.scraped_at = {"num_requests_running": 4.0}, time.monotonic()
+    d1.scraped, d1.scraped_at = {"num_requests_running": 0.0}, time.monotonic()
+    pol = create_policy("least_load")
+    assert all(pol.select([d0, d1], request(5)) is d1 for _ in range(6))
+    d0.scraped_at = time.monotonic() - 60
+    picks = Counter(pol.select([d0, d1], request(5)).url for _ in range(6))
+    assert picks == {"http://d0:1": 3, "http://d1:1": 3}
 
 
 def test_power_of_two_never_takes_the_worse_of_its_pair() -> None:

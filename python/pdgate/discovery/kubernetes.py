@@ -255,13 +255,15 @@ class KubernetesDiscovery:
                                        resource_version=rv, timeout_seconds=self.cfg.watch_timeout_s):
                         if self._stop.is_set():
                             break
+                        kind = ev["type"]
+                        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+                            continue  # BOOKMARK: only a resourceVersion, no pod
                         pod = ev["object"]
                         key = self._key(pod)
                         self._selector_of[key] = selector
-                        kind = ev["type"]
                         if kind == "DELETED":
                             self._set(key, None)
-                        elif kind in ("ADDED", "MODIFIED"):
+                        else:
                             self._set(key, pod_endpoint(pod, self.cfg, role))
                 finally:
                     self._watches.remove(w)

@@ -3,8 +3,10 @@
 Outstanding tokens = prompt tokens dispatched and not yet prefilled plus KV
 tokens held by decoding requests (:meth:`pdgate.fleet.Instance.load_tokens`),
 the gateway's own live counters. Ties go to fewer legs in flight, then to
-the scraped queue length when fresh, then in turn (round robin), so equal
-instances share load.
+the scraped queue length, then to the scraped running requests (both when
+fresh: they include other gateway replicas' traffic, which this replica's
+own counters never see), then in turn (round robin), so equal instances
+share load.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pdgate.policies.base import RequestInfo, need_candidates
 from pdgate.policies.registry import register
 
 
-def load_key(inst: Instance) -> tuple[int, int, int]:
-    """Sort key: outstanding tokens, legs in flight, scraped waiting requests."""
-    return (inst.load_tokens(), inst.in_flight, inst.waiting_requests())
+def load_key(inst: Instance) -> tuple[int, int, int, int]:
+    """Sort key: outstanding tokens, legs in flight, scraped waiting requests,
+    scraped running requests (the last two: own counts when the scrape is stale)."""
+    return (inst.load_tokens(), inst.in_flight, inst.waiting_requests(), inst.running_requests())
 
 
 @register("least_load")

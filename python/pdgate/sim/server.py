@@ -36,6 +36,7 @@ Generated tokens are synthetic (``" t<id>"``); generation always runs to
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import time
@@ -112,6 +113,12 @@ class SimInstance:
         role: ``prefill``, ``decode`` or ``both`` (informational; any
             instance honours any P/D params, as a vLLM ``kv_both`` instance).
         host / port: where it listens (filled in by :class:`SimFleet`).
+
+    Attributes:
+        requests_total: completion/chat requests accepted.
+        request_ids: ``X-Request-Id`` header -> times a request carrying it
+            was accepted (``""`` for none; tests check which gateway leg
+            reached which instance).
     """
 
     def __init__(self, engine: SimEngine, model: str, role: str = "both", host: str = "127.0.0.1",
@@ -123,6 +130,7 @@ class SimInstance:
         self.port = port
         self.unknown_paths: dict[str, int] = {}
         self.requests_total = 0
+        self.request_ids: collections.Counter[str] = collections.Counter()
         self.fault: dict[str, Any] | None = None
         self.faults_injected = 0
 
@@ -254,6 +262,7 @@ class SimInstance:
         producer = bool(kvp.get("do_remote_decode"))
         consumer = kvp if kvp.get("do_remote_prefill") and kvp.get("remote_engine_id") else None
         self.requests_total += 1
+        self.request_ids[http_req.headers.get("x-request-id", "")] += 1
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{http_req.headers.get('x-request-id', 'sim')}-{next(_ids)}"
         bs = self.engine.profile.block_size
         sreq = SimRequest(rid, len(ids), max_tokens, block_hashes=block_hashes(ids, bs), priority=priority,
