@@ -66,8 +66,10 @@ pub struct TransferEngine {
 }
 
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long `wait` polls for a result before sleeping on the condvar.
-const WAIT_SPIN: Duration = Duration::from_micros(100);
+/// Most `wait` polls for a result before sleeping on the condvar (µs).
+const WAIT_SPIN_MAX_US: u32 = 100;
+/// Least (after a long wait).
+const WAIT_SPIN_MIN_US: u32 = 4;
 
 impl TransferEngine {
     /// Load UCX, create the context and worker on a new progress thread.
@@ -289,16 +291,21 @@ impl TransferEngine {
     pub fn wait(&self, id: u64, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
-        // Spin (bounded) before sleeping: most transfers finish within tens
-        // of microseconds, less than a condvar sleep + wake-up costs.
-        let spin_end = start + WAIT_SPIN.min(timeout.unwrap_or(WAIT_SPIN));
-        let mut spins = 0u32;
-        loop {
+        // Spin (bounded) before sleeping: a short transfer finishes in less
+        // time than a condvar sleep + wake-up costs. Only while waits are
+        // short: after a wait longer than the spin limit (long transfers,
+        // e.g. tcp), the next one barely spins, since a spinning waiter would
+        // only take CPU from the progress threads.
+        let budget = self.shared.wait_spin_us.load(Ordering::Relaxed);
+        let spin_end =
+            start + Duration::from_micros(budget as u64).min(timeout.unwrap_or(Duration::MAX));
+        let mut waited = false;
+        let r = 'outer: loop {
             let seq = self.shared.done_seq.load(Ordering::Acquire);
             {
                 let mut c = self.shared.comp.lock();
                 if let Some(r) = c.results.remove(&id) {
-                    return r;
+                    break r;
                 }
                 if !c.pending.contains(&id) {
                     return Err(PdgateError::NotFound(format!(
@@ -306,15 +313,14 @@ impl TransferEngine {
                     )));
                 }
             }
+            waited = true;
             // Until something new is published or the budget runs out.
-            loop {
-                if self.shared.done_seq.load(Ordering::Acquire) != seq {
-                    break;
-                }
+            let mut spins = 0u32;
+            while self.shared.done_seq.load(Ordering::Acquire) == seq {
                 spins += 1;
                 if spins & 63 == 0 {
                     if Instant::now() >= spin_end {
-                        return self.wait_blocking(id, deadline);
+                        break 'outer self.wait_blocking(id, deadline);
                     }
                     // Let the progress thread run if it shares our core.
                     std::thread::yield_now();
@@ -322,7 +328,19 @@ impl TransferEngine {
                     std::hint::spin_loop();
                 }
             }
+        };
+        if waited {
+            let took = start.elapsed();
+            let next = if took <= Duration::from_micros(WAIT_SPIN_MAX_US as u64) {
+                WAIT_SPIN_MAX_US
+            } else {
+                WAIT_SPIN_MIN_US
+            };
+            if next != budget {
+                self.shared.wait_spin_us.store(next, Ordering::Relaxed);
+            }
         }
+        r
     }
 
     fn wait_blocking(&self, id: u64, deadline: Option<Instant>) -> Result<()> {

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -182,6 +182,8 @@ pub(crate) struct Shared {
     /// The progress thread is (about to be) asleep in `poll`: only then do
     /// callers write the wake socket.
     pub worker_sleeping: AtomicBool,
+    /// `wait`'s current spin budget in µs (adapts to transfer times).
+    pub wait_spin_us: AtomicU32,
 }
 
 impl Shared {
@@ -205,6 +207,7 @@ impl Shared {
                 done_seq: AtomicU64::new(0),
                 event_armed: AtomicBool::new(false),
                 worker_sleeping: AtomicBool::new(false),
+                wait_spin_us: AtomicU32::new(100),
             },
             wake_rx,
         ))

@@ -401,6 +401,7 @@ impl Worker {
             peers: self
                 .peers
                 .iter()
+                .filter(|(name, _)| !self.dead.contains_key(*name))
                 .map(|(name, p)| {
                     (
                         name.clone(),
@@ -417,7 +418,7 @@ impl Worker {
         *self.shared.catalog.write() = cat;
     }
 
-    fn drain_events(&mut self) -> bool {
+    pub(crate) fn drain_events(&mut self) -> bool {
         let evs = EVENTS.with(|e| std::mem::take(&mut *e.borrow_mut()));
         let any = !evs.is_empty();
         for ev in evs {

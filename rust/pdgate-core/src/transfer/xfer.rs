@@ -434,18 +434,32 @@ impl Worker {
             .map(|(id, x)| (*id, x.peer_key))
             .collect();
         for (id, key) in late {
-            self.fail_xfer(
-                id,
-                PdgateError::Timeout(format!(
-                    "transfer {id} did not finish in time; peer endpoint closed"
-                )),
-            );
+            let timeout = PdgateError::Timeout(format!(
+                "transfer {id} did not finish in time; peer endpoint closed"
+            ));
+            // Force-close first, publish after: a caller woken by the
+            // timeout then finds the peer failed, and the endpoint closed
+            // when it reuses or frees the buffers.
+            if let Some(x) = self.xfers.get_mut(&id) {
+                if !x.reported {
+                    x.reported = true;
+                    x.failed.get_or_insert_with(|| timeout.clone());
+                }
+            }
             self.kill_peer(
                 key,
                 PdgateError::PeerUnreachable(
                     "peer timed out (a transfer missed its deadline)".into(),
                 ),
             );
+            // Let UCX cancel the transfer's operations (bounded), so that
+            // none writes into the buffers once the caller hears of it.
+            let until = Instant::now() + Duration::from_millis(100);
+            while self.xfers.contains_key(&id) && Instant::now() < until {
+                unsafe { (self.ucp.ucp_worker_progress)(self.worker) };
+                self.drain_events();
+            }
+            self.shared.complete(id, Err(timeout));
         }
     }
 
