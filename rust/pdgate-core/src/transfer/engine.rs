@@ -68,8 +68,10 @@ pub struct TransferEngine {
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most `wait` polls for a result before sleeping on the condvar (µs).
 const WAIT_SPIN_MAX_US: u32 = 100;
-/// Least (after a long wait).
+/// Least (after a run of long waits).
 const WAIT_SPIN_MIN_US: u32 = 4;
+/// Consecutive waits longer than `WAIT_SPIN_MAX_US` that turn spinning down.
+const LONG_WAITS_TO_BACK_OFF: u32 = 4;
 
 impl TransferEngine {
     /// Load UCX, create the context and worker on a new progress thread.
@@ -293,10 +295,15 @@ impl TransferEngine {
         let deadline = timeout.map(|t| start + t);
         // Spin (bounded) before sleeping: a short transfer finishes in less
         // time than a condvar sleep + wake-up costs. Only while waits are
-        // short: after a wait longer than the spin limit (long transfers,
-        // e.g. tcp), the next one barely spins, since a spinning waiter would
-        // only take CPU from the progress threads.
-        let budget = self.shared.wait_spin_us.load(Ordering::Relaxed);
+        // short: after a few waits in a row longer than the spin limit (long
+        // transfers, e.g. tcp), the next ones barely spin, since a spinning
+        // waiter would only take CPU from the progress threads.
+        let long = self.shared.long_waits.load(Ordering::Relaxed);
+        let budget = if long >= LONG_WAITS_TO_BACK_OFF {
+            WAIT_SPIN_MIN_US
+        } else {
+            WAIT_SPIN_MAX_US
+        };
         let spin_end =
             start + Duration::from_micros(budget as u64).min(timeout.unwrap_or(Duration::MAX));
         let mut waited = false;
@@ -330,14 +337,14 @@ impl TransferEngine {
             }
         };
         if waited {
-            let took = start.elapsed();
-            let next = if took <= Duration::from_micros(WAIT_SPIN_MAX_US as u64) {
-                WAIT_SPIN_MAX_US
+            // A run of long waits (not one preempted wait) turns spinning down.
+            let next = if start.elapsed() <= Duration::from_micros(WAIT_SPIN_MAX_US as u64) {
+                0
             } else {
-                WAIT_SPIN_MIN_US
+                long.saturating_add(1).min(LONG_WAITS_TO_BACK_OFF)
             };
-            if next != budget {
-                self.shared.wait_spin_us.store(next, Ordering::Relaxed);
+            if next != long {
+                self.shared.long_waits.store(next, Ordering::Relaxed);
             }
         }
         r

@@ -182,8 +182,9 @@ pub(crate) struct Shared {
     /// The progress thread is (about to be) asleep in `poll`: only then do
     /// callers write the wake socket.
     pub worker_sleeping: AtomicBool,
-    /// `wait`'s current spin budget in µs (adapts to transfer times).
-    pub wait_spin_us: AtomicU32,
+    /// Consecutive `wait`s that outlasted their spin (capped): decides
+    /// how long the next one spins.
+    pub long_waits: AtomicU32,
 }
 
 impl Shared {
@@ -207,7 +208,7 @@ impl Shared {
                 done_seq: AtomicU64::new(0),
                 event_armed: AtomicBool::new(false),
                 worker_sleeping: AtomicBool::new(false),
-                wait_spin_us: AtomicU32::new(100),
+                long_waits: AtomicU32::new(0),
             },
             wake_rx,
         ))
