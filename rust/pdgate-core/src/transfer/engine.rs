@@ -67,7 +67,7 @@ pub struct TransferEngine {
 
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most `wait` polls for a result before sleeping on the condvar (µs).
-const WAIT_SPIN_MAX_US: u32 = 100;
+const WAIT_SPIN_MAX_US: u32 = 50;
 /// Least (after a run of long waits).
 const WAIT_SPIN_MIN_US: u32 = 4;
 /// Consecutive waits longer than `WAIT_SPIN_MAX_US` that turn spinning down.
