@@ -19,7 +19,7 @@ use super::layout::{MemType, RegionLayout};
 use super::meta::{compat_hash, PeerMeta};
 use super::shared::{parse_token, Notification, Shared};
 use super::worker::{Cmd, Worker, WorkerInit};
-use super::xfer::XferReq;
+use super::xfer::{plan_xfer, XferReq};
 use crate::error::{PdgateError, Result};
 
 /// How to start an engine.
@@ -66,6 +66,12 @@ pub struct TransferEngine {
 }
 
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most `wait` polls for a result before sleeping on the condvar (µs).
+const WAIT_SPIN_MAX_US: u32 = 50;
+/// Least (after a run of long waits).
+const WAIT_SPIN_MIN_US: u32 = 4;
+/// Consecutive waits longer than `WAIT_SPIN_MAX_US` that turn spinning down.
+const LONG_WAITS_TO_BACK_OFF: u32 = 4;
 
 impl TransferEngine {
     /// Load UCX, create the context and worker on a new progress thread.
@@ -206,16 +212,31 @@ impl TransferEngine {
         self.call(|tx| Cmd::RemovePeer(peer.to_string(), tx))
     }
 
+    /// Plan on the caller's thread (every synchronous error comes from
+    /// here), then queue the plan for the progress thread without waiting
+    /// for it: the outcome arrives through `poll` / `wait`.
     fn submit(&self, peer: &str, t: BlockTransfer, write: bool) -> Result<u64> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(PdgateError::Closed("transfer engine closed".into()));
+        }
         let lease = t.lease.as_deref().map(parse_token).transpose()?;
+        let (peer_key, pairs, segs) = plan_xfer(
+            &self.shared.catalog.read(),
+            peer,
+            write,
+            &t.pairs,
+            &t.local_blocks,
+            &t.remote_blocks,
+            lease,
+        )?;
         let id = self.shared.next_id.fetch_add(1, Ordering::SeqCst);
         let req = XferReq {
             id,
             write,
             peer: peer.to_string(),
-            pairs: t.pairs,
-            local_ids: t.local_blocks,
-            remote_ids: t.remote_blocks,
+            peer_key,
+            pairs,
+            segs,
             notify: t.notify,
             lease,
             timeout: t.timeout.unwrap_or(Duration::from_secs(30)),
@@ -227,19 +248,21 @@ impl TransferEngine {
             }
             c.pending.insert(id);
         }
-        match self.call(|tx| Cmd::Xfer(Box::new(req), tx)) {
-            Ok(()) => Ok(id),
-            Err(e) => {
-                self.shared.comp.lock().pending.remove(&id);
-                Err(e)
-            }
+        if self.tx.send(Cmd::Xfer(Box::new(req))).is_err() {
+            self.shared.comp.lock().pending.remove(&id);
+            return Err(PdgateError::Closed("progress thread gone".into()));
         }
+        self.shared.wake_worker();
+        Ok(id)
     }
 
     /// Pull blocks from `peer` into local regions. Returns a transfer id
     /// whose outcome comes from [`poll`](Self::poll) / [`wait`](Self::wait).
     /// Synchronous errors (nothing posted): `NotFound`, `OutOfRange`,
-    /// `InvalidArgument`, `PeerUnreachable`.
+    /// `InvalidArgument`, `PeerUnreachable`. The transfer is planned and
+    /// checked on the calling thread and queued without waiting for the
+    /// progress thread; a peer or region removed concurrently (by another
+    /// thread) before it is posted makes it fail later with `NotFound`.
     pub fn read_blocks(&self, peer: &str, t: BlockTransfer) -> Result<u64> {
         self.submit(peer, t, false)
     }
@@ -268,7 +291,66 @@ impl TransferEngine {
     /// Block until transfer `id` finishes (or `timeout` passes: `Timeout`),
     /// returning its outcome. `NotFound` if it was already collected.
     pub fn wait(&self, id: u64, timeout: Option<Duration>) -> Result<()> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        // Spin (bounded) before sleeping: a short transfer finishes in less
+        // time than a condvar sleep + wake-up costs. Only while waits are
+        // short: after a few waits in a row longer than the spin limit (long
+        // transfers, e.g. tcp), the next ones barely spin, since a spinning
+        // waiter would only take CPU from the progress threads.
+        let long = self.shared.long_waits.load(Ordering::Relaxed);
+        let budget = if long >= LONG_WAITS_TO_BACK_OFF {
+            WAIT_SPIN_MIN_US
+        } else {
+            WAIT_SPIN_MAX_US
+        };
+        let spin_end =
+            start + Duration::from_micros(budget as u64).min(timeout.unwrap_or(Duration::MAX));
+        let mut waited = false;
+        let r = 'outer: loop {
+            let seq = self.shared.done_seq.load(Ordering::Acquire);
+            {
+                let mut c = self.shared.comp.lock();
+                if let Some(r) = c.results.remove(&id) {
+                    break r;
+                }
+                if !c.pending.contains(&id) {
+                    return Err(PdgateError::NotFound(format!(
+                        "transfer {id} (unknown or already collected)"
+                    )));
+                }
+            }
+            waited = true;
+            // Until something new is published or the budget runs out.
+            let mut spins = 0u32;
+            while self.shared.done_seq.load(Ordering::Acquire) == seq {
+                spins += 1;
+                if spins & 63 == 0 {
+                    if Instant::now() >= spin_end {
+                        break 'outer self.wait_blocking(id, deadline);
+                    }
+                    // Let the progress thread run if it shares our core.
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        };
+        if waited {
+            // A run of long waits (not one preempted wait) turns spinning down.
+            let next = if start.elapsed() <= Duration::from_micros(WAIT_SPIN_MAX_US as u64) {
+                0
+            } else {
+                long.saturating_add(1).min(LONG_WAITS_TO_BACK_OFF)
+            };
+            if next != long {
+                self.shared.long_waits.store(next, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    fn wait_blocking(&self, id: u64, deadline: Option<Instant>) -> Result<()> {
         let mut c = self.shared.comp.lock();
         loop {
             if let Some(r) = c.results.remove(&id) {
@@ -323,9 +405,11 @@ impl TransferEngine {
     }
 
     /// Empty the event fd.
+    /// Collect with [`poll`](Self::poll) / [`get_notifications`](Self::get_notifications)
+    /// after draining: the fd becomes readable again only for what is
+    /// published after the drain.
     pub fn drain_event_fd(&self) {
-        let mut b = [0u8; 256];
-        while matches!((&self.shared.event_rx).read(&mut b), Ok(n) if n > 0) {}
+        self.shared.drain_event();
     }
 
     /// Serve this engine's metadata over TCP at `addr` (port 0 = any); each

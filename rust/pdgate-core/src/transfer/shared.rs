@@ -3,13 +3,14 @@
 //! the wake-up sockets. No UCX call happens here.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 
+use super::layout::RegionLayout;
 use crate::error::{PdgateError, Result};
 
 /// A notification received from a peer (an active message), e.g. "request
@@ -138,7 +139,30 @@ pub fn parse_token(t: &[u8]) -> Result<(u32, u64)> {
     ))
 }
 
+/// A peer as callers see it (for planning transfers on their own thread).
+#[derive(Clone)]
+pub(crate) struct PeerView {
+    /// Changes when the peer is re-added: a plan made against an older
+    /// view is refused by the progress thread.
+    pub key: u64,
+    pub regions: HashMap<u32, RegionLayout>,
+    pub lease_slots: u32,
+}
+
+/// What callers need to validate and plan a transfer without a round trip
+/// to the progress thread. Only the progress thread writes it, before it
+/// answers the command that changed it (so a caller sees its own
+/// register / add_peer / remove_peer), and when a peer fails.
+#[derive(Default)]
+pub(crate) struct Catalog {
+    pub regions: HashMap<u32, RegionLayout>,
+    pub peers: HashMap<String, PeerView>,
+    /// Peers whose endpoint failed, with the reason (until re-added).
+    pub dead: HashMap<String, PdgateError>,
+}
+
 pub(crate) struct Shared {
+    pub catalog: RwLock<Catalog>,
     pub comp: Mutex<Completions>,
     pub comp_cv: Condvar,
     pub notifs: Mutex<VecDeque<Notification>>,
@@ -150,6 +174,17 @@ pub(crate) struct Shared {
     /// Written by callers to wake the progress thread.
     pub wake_tx: UnixStream,
     pub next_id: AtomicU64,
+    /// Bumped on every published result (lets `wait` spin on one word).
+    pub done_seq: AtomicU64,
+    /// The event socket holds an unread byte (set by the writer, cleared by
+    /// `drain_event`): one write per drain, not one per result.
+    pub event_armed: AtomicBool,
+    /// The progress thread is (about to be) asleep in `poll`: only then do
+    /// callers write the wake socket.
+    pub worker_sleeping: AtomicBool,
+    /// Consecutive `wait`s that outlasted their spin (capped): decides
+    /// how long the next one spins.
+    pub long_waits: AtomicU32,
 }
 
 impl Shared {
@@ -161,6 +196,7 @@ impl Shared {
         }
         Ok((
             Shared {
+                catalog: RwLock::new(Catalog::default()),
                 comp: Mutex::new(Completions::default()),
                 comp_cv: Condvar::new(),
                 notifs: Mutex::new(VecDeque::new()),
@@ -169,6 +205,10 @@ impl Shared {
                 event_rx,
                 wake_tx,
                 next_id: AtomicU64::new(1),
+                done_seq: AtomicU64::new(0),
+                event_armed: AtomicBool::new(false),
+                worker_sleeping: AtomicBool::new(false),
+                long_waits: AtomicU32::new(0),
             },
             wake_rx,
         ))
@@ -188,16 +228,39 @@ impl Shared {
             c.order.push_back(id);
         }
         drop(c);
+        self.done_seq.fetch_add(1, Ordering::SeqCst);
         self.comp_cv.notify_all();
+        self.event_armed.store(false, Ordering::SeqCst);
         self.signal_event();
     }
 
+    /// Make the event socket readable unless it already is (a byte written
+    /// since the last `drain_event`).
     pub fn signal_event(&self) {
-        let _ = (&self.event_tx).write(&[1]);
+        if !self.event_armed.swap(true, Ordering::AcqRel) {
+            let _ = (&self.event_tx).write(&[1]);
+        }
     }
 
+    /// Empty the event socket. Callers then collect results and
+    /// notifications: anything published after the drain either sees the
+    /// flag cleared (and writes again) or is visible to that collection
+    /// (the swap below reads the publisher's swap).
+    pub fn drain_event(&self) {
+        let mut b = [0u8; 256];
+        while matches!((&self.event_rx).read(&mut b), Ok(n) if n > 0) {}
+        self.event_armed.swap(false, Ordering::AcqRel);
+    }
+
+    /// Wake the progress thread after queueing a command. It only needs
+    /// waking when asleep: it sets `worker_sleeping`, then re-checks its
+    /// queue before sleeping, and we check the flag after queueing
+    /// (both sides fenced), so one of us always sees the other.
     pub fn wake_worker(&self) {
-        let _ = (&self.wake_tx).write(&[1]);
+        fence(Ordering::SeqCst);
+        if self.worker_sleeping.load(Ordering::SeqCst) {
+            let _ = (&self.wake_tx).write(&[1]);
+        }
     }
 
     /// Record a finished transfer and wake waiters.
@@ -210,6 +273,7 @@ impl Shared {
             c.results.insert(id, r);
             c.order.push_back(id);
         }
+        self.done_seq.fetch_add(1, Ordering::Release);
         self.comp_cv.notify_all();
         self.signal_event();
     }

@@ -10,6 +10,7 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::ptr::null_mut;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::ffi::{self, *};
 use super::layout::{MemType, RegionLayout};
 use super::meta::{PeerMeta, RegionDesc};
-use super::shared::Shared;
+use super::shared::{Catalog, PeerView, Shared};
 use super::xfer::{Xfer, XferReq};
 use crate::error::{PdgateError, Result};
 
@@ -31,7 +32,8 @@ pub(crate) enum Cmd {
     Metadata(Sender<Result<Vec<u8>>>),
     AddPeer(Box<PeerMeta>, Sender<Result<String>>),
     RemovePeer(String, Sender<Result<()>>),
-    Xfer(Box<XferReq>, Sender<Result<()>>),
+    /// Planned by the caller; no reply (errors become the transfer's result).
+    Xfer(Box<XferReq>),
     Shutdown,
 }
 
@@ -352,11 +354,25 @@ impl Worker {
     }
 
     fn handle(&mut self, cmd: Cmd) -> bool {
+        // Commands that change regions or peers republish the catalog
+        // before answering, so the caller's next transfer sees the change.
         match cmd {
-            Cmd::Register(l, tx) => drop(tx.send(self.register(l))),
-            Cmd::Deregister(id, tx) => drop(tx.send(self.deregister(id))),
+            Cmd::Register(l, tx) => {
+                let r = self.register(l);
+                self.publish();
+                drop(tx.send(r))
+            }
+            Cmd::Deregister(id, tx) => {
+                let r = self.deregister(id);
+                self.publish();
+                drop(tx.send(r))
+            }
             Cmd::Metadata(tx) => drop(tx.send(Ok(self.metadata()))),
-            Cmd::AddPeer(m, tx) => drop(tx.send(self.add_peer(*m))),
+            Cmd::AddPeer(m, tx) => {
+                let r = self.add_peer(*m);
+                self.publish();
+                drop(tx.send(r))
+            }
             Cmd::RemovePeer(id, tx) => {
                 let r = if self.peers.contains_key(&id) {
                     self.drop_peer(&id, false);
@@ -364,15 +380,45 @@ impl Worker {
                 } else {
                     Err(PdgateError::NotFound(format!("peer {id:?}")))
                 };
+                self.publish();
                 drop(tx.send(r))
             }
-            Cmd::Xfer(req, tx) => drop(tx.send(self.start_xfer(*req))),
+            Cmd::Xfer(req) => {
+                let id = req.id;
+                if let Err(e) = self.start_xfer(*req) {
+                    self.shared.complete(id, Err(e));
+                }
+            }
             Cmd::Shutdown => return false,
         }
         true
     }
 
-    fn drain_events(&mut self) -> bool {
+    /// Copy what callers plan transfers against into the shared catalog.
+    pub(crate) fn publish(&self) {
+        let cat = Catalog {
+            regions: self.regions.iter().map(|(&id, r)| (id, r.layout)).collect(),
+            peers: self
+                .peers
+                .iter()
+                .filter(|(name, _)| !self.dead.contains_key(*name))
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        PeerView {
+                            key: p.key,
+                            regions: p.regions.iter().map(|(&id, v)| (id, v.0)).collect(),
+                            lease_slots: p.lease_slots,
+                        },
+                    )
+                })
+                .collect(),
+            dead: self.dead.clone(),
+        };
+        *self.shared.catalog.write() = cat;
+    }
+
+    pub(crate) fn drain_events(&mut self) -> bool {
         let evs = EVENTS.with(|e| std::mem::take(&mut *e.borrow_mut()));
         let any = !evs.is_empty();
         for ev in evs {
@@ -432,7 +478,12 @@ impl Worker {
                 std::thread::yield_now();
                 continue;
             }
-            if unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == UCS_ERR_BUSY {
+            // Announce the sleep, then re-check the queue: a caller queues,
+            // then looks at the flag (see `Shared::wake_worker`).
+            self.shared.worker_sleeping.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !rx.is_empty() || unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == UCS_ERR_BUSY {
+                self.shared.worker_sleeping.store(false, Ordering::SeqCst);
                 continue;
             }
             let timeout = next_lease
@@ -451,6 +502,7 @@ impl Worker {
                 },
             ];
             unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis().max(1) as i32) };
+            self.shared.worker_sleeping.store(false, Ordering::SeqCst);
             let mut sink = [0u8; 256];
             while matches!(wake_rx.read(&mut sink), Ok(n) if n > 0) {}
         }

@@ -12,22 +12,114 @@ use std::time::{Duration, Instant};
 
 use super::ffi::{self, *};
 use super::layout::{plan_segments, Segment};
+use super::shared::Catalog;
 use super::worker::{req_cb, Worker, AM_NOTIFY};
 use crate::error::{PdgateError, Result};
 
-/// What a caller asks for.
+/// A transfer planned on the caller's thread (see [`plan_xfer`]): the
+/// progress thread only resolves handles and posts.
 pub(crate) struct XferReq {
     pub id: u64,
     pub write: bool,
     pub peer: String,
-    /// (local region id, remote region id); empty = every local region in id
-    /// order paired with every peer region in id order.
-    pub pairs: Vec<(u32, u32)>,
-    pub local_ids: Vec<u64>,
-    pub remote_ids: Vec<u64>,
+    /// The peer's key when planned (a re-added peer gets a new one).
+    pub peer_key: u64,
+    /// (local region id, remote region id, index into `segs`).
+    pub pairs: Vec<(u32, u32, usize)>,
+    /// Segment plans, one per distinct pair geometry.
+    pub segs: Vec<Vec<Segment>>,
     pub notify: Option<Vec<u8>>,
     pub lease: Option<(u32, u64)>,
     pub timeout: Duration,
+}
+
+/// A planned transfer's peer key, region pairs and segments.
+pub(crate) type Plan = (u64, Vec<(u32, u32, usize)>, Vec<Vec<Segment>>);
+
+/// Check and plan a transfer against the catalog, before anything is
+/// posted: unknown or failed peer, unknown regions, block ids out of range,
+/// mismatched lists (the synchronous errors of `read_blocks` / `write_blocks`).
+/// `pairs` empty = every local region in id order paired with every peer
+/// region in id order.
+pub(crate) fn plan_xfer(
+    cat: &Catalog,
+    peer: &str,
+    write: bool,
+    pairs: &[(u32, u32)],
+    local_ids: &[u64],
+    remote_ids: &[u64],
+    lease: Option<(u32, u64)>,
+) -> Result<Plan> {
+    let p = match cat.peers.get(peer) {
+        Some(p) => p,
+        None => {
+            return Err(match cat.dead.get(peer) {
+                Some(e) => e.clone(),
+                None => PdgateError::NotFound(format!("peer {peer:?} (call add_peer first)")),
+            })
+        }
+    };
+    if lease.is_some() && write {
+        return Err(PdgateError::InvalidArgument(
+            "leases guard reads; write_blocks takes none".into(),
+        ));
+    }
+    if let Some((slot, _)) = lease {
+        if slot >= p.lease_slots {
+            return Err(PdgateError::InvalidArgument(format!(
+                "lease slot {slot} outside the peer's table"
+            )));
+        }
+    }
+    let defaulted: Vec<(u32, u32)>;
+    let pairs = if pairs.is_empty() {
+        let mut l: Vec<u32> = cat.regions.keys().copied().collect();
+        let mut r: Vec<u32> = p.regions.keys().copied().collect();
+        l.sort_unstable();
+        r.sort_unstable();
+        if l.len() != r.len() || l.is_empty() {
+            return Err(PdgateError::InvalidArgument(format!(
+                "{} local vs {} peer regions: pass regions= and remote_regions= explicitly",
+                l.len(),
+                r.len()
+            )));
+        }
+        defaulted = l.into_iter().zip(r).collect();
+        &defaulted[..]
+    } else {
+        pairs
+    };
+    let mut out = Vec::with_capacity(pairs.len());
+    let mut distinct: Vec<Geometry> = Vec::new();
+    let mut segs: Vec<Vec<Segment>> = Vec::new();
+    for &(li, ri) in pairs {
+        let l = cat
+            .regions
+            .get(&li)
+            .ok_or_else(|| PdgateError::NotFound(format!("local region {li}")))?;
+        let rl = p
+            .regions
+            .get(&ri)
+            .ok_or_else(|| PdgateError::NotFound(format!("region {ri} of peer {peer:?}")))?;
+        let g = (
+            l.block_len,
+            l.block_stride,
+            l.block_count,
+            rl.block_len,
+            rl.block_stride,
+            rl.block_count,
+        );
+        let idx = match distinct.iter().position(|d| *d == g) {
+            Some(i) => i,
+            None => {
+                segs.push(plan_segments(l, rl, local_ids, remote_ids, !write)?);
+                distinct.push(g);
+                segs.len() - 1
+            }
+        };
+        out.push((li, ri, idx));
+    }
+    Ok((p.key, out, segs))
 }
 
 /// (block_len, stride, count) of the local then the remote region: pairs
@@ -67,51 +159,29 @@ fn param(id: u64) -> ucp_request_param_t {
 }
 
 impl Worker {
+    /// Post a planned transfer. An error here (the peer or a region went
+    /// away since the caller planned it) is published as the transfer's
+    /// result by the caller of this function.
     pub(crate) fn start_xfer(&mut self, r: XferReq) -> Result<()> {
         let peer = match self.peers.get(&r.peer) {
-            Some(p) => p,
+            Some(p) if p.key == r.peer_key => p,
+            Some(_) => {
+                return Err(PdgateError::NotFound(format!(
+                    "peer {:?} was re-added after the transfer was submitted",
+                    r.peer
+                )))
+            }
             None => {
                 return Err(match self.dead.get(&r.peer) {
                     Some(e) => e.clone(),
-                    None => {
-                        PdgateError::NotFound(format!("peer {:?} (call add_peer first)", r.peer))
-                    }
+                    None => PdgateError::NotFound(format!("peer {:?} (removed)", r.peer)),
                 })
             }
         };
-        if r.lease.is_some() && r.write {
-            return Err(PdgateError::InvalidArgument(
-                "leases guard reads; write_blocks takes none".into(),
-            ));
-        }
-        if let Some((slot, _)) = r.lease {
-            if slot >= peer.lease_slots {
-                return Err(PdgateError::InvalidArgument(format!(
-                    "lease slot {slot} outside the peer's table"
-                )));
-            }
-        }
-        let pairs = if r.pairs.is_empty() {
-            let mut l: Vec<u32> = self.regions.keys().copied().collect();
-            let mut p: Vec<u32> = peer.regions.keys().copied().collect();
-            l.sort_unstable();
-            p.sort_unstable();
-            if l.len() != p.len() || l.is_empty() {
-                return Err(PdgateError::InvalidArgument(format!(
-                    "{} local vs {} peer regions: pass regions= and remote_regions= explicitly",
-                    l.len(),
-                    p.len()
-                )));
-            }
-            l.into_iter().zip(p).collect()
-        } else {
-            r.pairs.clone()
-        };
-        // Plan everything (bounds checks included) before posting anything.
-        let mut plans: Vec<(u32, u64, ucp_mem_h, u64, ucp_rkey_h, usize)> =
-            Vec::with_capacity(pairs.len());
-        let mut distinct: Vec<(Geometry, Vec<Segment>)> = Vec::new();
-        for &(li, ri) in &pairs {
+        // Resolve handles; nothing is posted unless all are present.
+        let mut plans: Vec<(u64, ucp_mem_h, u64, ucp_rkey_h, usize)> =
+            Vec::with_capacity(r.pairs.len());
+        for &(li, ri, idx) in &r.pairs {
             let lr = self
                 .regions
                 .get(&li)
@@ -119,24 +189,7 @@ impl Worker {
             let (rl, rk) = peer.regions.get(&ri).ok_or_else(|| {
                 PdgateError::NotFound(format!("region {ri} of peer {:?}", r.peer))
             })?;
-            let l = &lr.layout;
-            let g = (
-                l.block_len,
-                l.block_stride,
-                l.block_count,
-                rl.block_len,
-                rl.block_stride,
-                rl.block_count,
-            );
-            let idx = match distinct.iter().position(|d| d.0 == g) {
-                Some(i) => i,
-                None => {
-                    let segs = plan_segments(l, rl, &r.local_ids, &r.remote_ids, !r.write)?;
-                    distinct.push((g, segs));
-                    distinct.len() - 1
-                }
-            };
-            plans.push((li, l.base, lr.memh, rl.base, *rk, idx));
+            plans.push((lr.layout.base, lr.memh, rl.base, *rk, idx));
         }
         let am = r.notify.as_ref().map(|msg| {
             let (slot, epoch) = r.lease.unwrap_or((u32::MAX, 0));
@@ -149,7 +202,7 @@ impl Worker {
             b
         });
         let (ep, peer_key) = (peer.ep, peer.key);
-        let mut regions: Vec<u32> = pairs.iter().map(|p| p.0).collect();
+        let mut regions: Vec<u32> = r.pairs.iter().map(|p| p.0).collect();
         regions.sort_unstable();
         regions.dedup();
         for id in &regions {
@@ -171,11 +224,11 @@ impl Worker {
             regions,
         };
         let ucp = self.ucp;
-        'post: for (_, lbase, memh, rbase, rkey, idx) in &plans {
+        'post: for (lbase, memh, rbase, rkey, idx) in &plans {
             let mut prm = param(r.id);
             prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
             prm.memh = *memh;
-            for s in &distinct[*idx].1 {
+            for s in &r.segs[*idx] {
                 let (la, ra) = ((lbase + s.local_off) as *mut c_void, rbase + s.remote_off);
                 let st = unsafe {
                     if r.write {
@@ -359,6 +412,7 @@ impl Worker {
             p.failed = Some(err);
         }
         self.drop_peer(&name, true);
+        self.publish();
         let ids: Vec<u64> = self
             .xfers
             .iter()
@@ -380,18 +434,32 @@ impl Worker {
             .map(|(id, x)| (*id, x.peer_key))
             .collect();
         for (id, key) in late {
-            self.fail_xfer(
-                id,
-                PdgateError::Timeout(format!(
-                    "transfer {id} did not finish in time; peer endpoint closed"
-                )),
-            );
+            let timeout = PdgateError::Timeout(format!(
+                "transfer {id} did not finish in time; peer endpoint closed"
+            ));
+            // Force-close first, publish after: a caller woken by the
+            // timeout then finds the peer failed, and the endpoint closed
+            // when it reuses or frees the buffers.
+            if let Some(x) = self.xfers.get_mut(&id) {
+                if !x.reported {
+                    x.reported = true;
+                    x.failed.get_or_insert_with(|| timeout.clone());
+                }
+            }
             self.kill_peer(
                 key,
                 PdgateError::PeerUnreachable(
                     "peer timed out (a transfer missed its deadline)".into(),
                 ),
             );
+            // Let UCX cancel the transfer's operations (bounded), so that
+            // none writes into the buffers once the caller hears of it.
+            let until = Instant::now() + Duration::from_millis(100);
+            while self.xfers.contains_key(&id) && Instant::now() < until {
+                unsafe { (self.ucp.ucp_worker_progress)(self.worker) };
+                self.drain_events();
+            }
+            self.shared.complete(id, Err(timeout));
         }
     }
 
