@@ -52,6 +52,15 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
                         "priority": {"long_threshold_tokens": 1000, "long_penalty": 1,
                                      "aging_rate": 0.1 * speed, "max_wait_s": 60.0 / speed,
                                      "max_in_flight": 4}},
+        # the same with up to 4 deflected prefills per decode instance: with the decode
+        # instances' chunk budget sized to the TPOT SLO (bench/goodput.py DEFAULT_DECODE_SET) it
+        # absorbs more of a prefill overload (bench/results/goodput_quick.md)
+        "goodput+sjf+d4": {**common, "route_policy": "goodput",
+                           "goodput": {"max_deflected_per_decode": 4, "others_weight": 1.0},
+                           "admission_policy": "priority",
+                           "priority": {"long_threshold_tokens": 1000, "long_penalty": 1,
+                                        "aging_rate": 0.1 * speed, "max_wait_s": 60.0 / speed,
+                                        "max_in_flight": 4}},
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

@@ -49,16 +49,22 @@ TRACES = {
 }
 FLEETS = {"2P2D": (2, 2), "4P4D": (4, 4)}
 SLO_SCALES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+# The decode instances' chunked-prefill budget, sized to the TBT headroom as Kairos (arXiv
+# 2607.02043) runs its decode instances: a step carrying a full 1024-token chunk takes
+# step_base + 1024 x prefill_token_s = 23 + 45 = 68 ms on a100-dsv2-lite, within the 100 ms TPOT
+# SLO, so deflected prefills cannot push the requests decoding there past it. Decode-only routers
+# (vllm-router) never prefill there, so it changes nothing for them.
+DEFAULT_DECODE_SET = ("max_num_batched_tokens=1024",)
 
 # (window start s, window length s, rate scales) per trace; quick and full.
 WINDOWS = {
     # [1340, 1440) is the trace's most sustained busy stretch (15k prompt tokens/s at x1, no 20 s
-    # bucket under 0.38x or over 1.34x the mean); at x3.5 (52k tokens/s) it overloads the two prefill
-    # instances (~37k tokens/s together) for the whole window while the fleet as a whole has room:
-    # vllm-router round_robin attains ~20% there, far from the 50% line (the policy target's
-    # operating point), so run-to-run noise cannot move it across. (The earlier [200, 300) x2.5
-    # point sat at 45-56% from run to run.)
-    ("azure-code", True): (1340.0, 100.0, (3.5,)),
+    # bucket under 0.38x or over 1.34x the mean); at x3 (45k tokens/s) it overloads the two prefill
+    # instances (~45k tokens/s together at best) for the whole window while the decode instances
+    # have room: vllm-router round_robin attains ~35% there (20% at x3.5), well under the 50% line
+    # (the policy target's operating point), so run-to-run noise cannot move it across. (The
+    # earlier [200, 300) x2.5 point sat at 45-56% from run to run.)
+    ("azure-code", True): (1340.0, 100.0, (3.0,)),
     ("azure-code", False): (1320.0, 200.0, (2.5, 3.0, 3.5, 4.0)),
     ("mooncake-conv", True): (0.0, 20.0, (1.0,)),
     ("mooncake-conv", False): (0.0, 180.0, (0.25, 0.5, 0.75, 1.0)),
@@ -83,7 +89,7 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
     admission preset of :func:`pdgate.presets.routing_presets` (predictor seeded from ``profile``,
     SLOs and clocks scaled to the simulator's ``speed``); the aggregated reference.
 
-    The quick set keeps the route presets and pdgate's best (``goodput+sjf``) and drops the
+    The quick set keeps the route presets and pdgate's best (``goodput+sjf``, ``goodput+sjf+d4``) and drops the
     admission-only presets, the ``power_of_two`` and ``prefix_aware`` instance policies and the
     second aggregated router (to stay under 10 minutes)."""
     from pdgate.presets import routing_presets
@@ -188,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, help="override the trace window length (trace seconds)")
     ap.add_argument("--configs", nargs="+", help="only configurations whose label contains one of these")
     ap.add_argument("--profile", default="a100-dsv2-lite")
-    ap.add_argument("--decode-set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="profile field for the decode instances only (same fleet for every router), "
-                         "e.g. max_num_batched_tokens=1536")
+    ap.add_argument("--decode-set", action="append", default=None, metavar="FIELD=VALUE",
+                    help="profile field for the decode instances only (same fleet for every router); "
+                         f"default {' '.join(DEFAULT_DECODE_SET)}")
     ap.add_argument("--speed", type=float, default=2.0, help="simulator time scale (sim s per wall s)")
     ap.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO, seconds")
     ap.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO, seconds")
@@ -218,9 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         print("goodput: vllm-router is required (pip install vllm-router)", file=sys.stderr)
         return 2
     quick = args.quick
+    if args.decode_set is None:
+        args.decode_set = list(DEFAULT_DECODE_SET)
     traces = args.traces or sorted(TRACES)
     fleets = args.fleets or (["2P2D"] if quick else ["2P2D", "4P4D"])
-    specs = [s for s in configs(quick, args.profile, args.speed, args.slo_ttft, args.slo_tpot) if not args.configs or any(c in s.label for c in args.configs)]
+    specs = [s for s in configs(quick, args.profile, args.speed, args.slo_ttft, args.slo_tpot)
+             if not args.configs or any(c in s.label for c in args.configs)]
+    # The decode instances' chunked-prefill budget, when set for the fleet, is
+    # configuration the operator gives pdgate's predictor too.
+    dec_budget = {f"decode_{k}": int(v) for k, v in (x.split("=", 1) for x in args.decode_set)
+                  if k in ("max_num_batched_tokens", "long_prefill_token_threshold")}
+    for s in specs:
+        if s.kind == "pdgate" and dec_budget and isinstance(s.args.get("predictor"), dict):
+            s.args["predictor"] = {**s.args["predictor"], **dec_budget}
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     t_start = time.monotonic()
     log_dir = tempfile.mkdtemp(prefix="pdgate-goodput-")
@@ -274,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"meta": {"mode": "quick" if quick else "full", "command": " ".join(["bench/goodput.py", *(argv or sys.argv[1:])]),
                     "started_utc": started, "wall_s": time.monotonic() - t_start, "profile": args.profile,
                     "speed": args.speed, "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
-                    "max_lag_ms": args.max_lag_ms,
+                    "max_lag_ms": args.max_lag_ms, "decode_set": list(args.decode_set),
                     "slo_scales": list(SLO_SCALES), "vllm_router_version": ver,
                     "host_loadavg_end": list(os.getloadavg()), "host_cpus": os.cpu_count(),
                     "pdgate_policies": [f"{k}: {', '.join(pdgate_policies(k))}" for k in
