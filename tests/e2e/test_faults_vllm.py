@@ -9,9 +9,10 @@ validation refusing a prompt over the prefill instance's context, and "no
 ``kv_transfer_params``" is a prefill instance started without a KV
 connector. Each test runs its own in-process gateway (short timeouts) over
 the package's 1P1D NixlConnector fleet plus one plain server (no connector,
-``--max-model-len 512``), checks the answer token for token against one
-server alone, and leaves the shared fleet as it found it (stopped processes
-are continued, the killed prefill instance is restarted on its port).
+``--max-model-len 512``) and, for the crash after answering, a prefill
+instance of its own; it checks the answer token for token against one server
+alone and leaves the shared fleet as it found it (stopped processes are
+continued; only the extra servers are ever killed).
 
 Expected outcomes:
 
@@ -342,26 +343,36 @@ def test_decode_hang_times_out_and_is_ejected(vllm_fleet: LocalFleet) -> None:
 
 
 def test_prefill_crash_after_answer_before_kv_read(vllm_fleet: LocalFleet) -> None:
-    """The prefill instance is killed the moment its answer (with
-    ``kv_transfer_params``) reaches the gateway, before the decode leg is
-    sent: the decode instance's pull fails and vLLM recomputes the prompt."""
-    p = vllm_fleet.prefill[0]
-    req = body(prompt_ids(300, seed=707), max_tokens=8)
-    ref = reference(vllm_fleet, req)
-    gw = Gateway(vllm_fleet.prefill_urls, vllm_fleet.decode_urls, timeouts={"decode_idle_s": 60.0})
-    proxy = gw.app.state.proxy
-    orig = proxy._run_prefill
-    killed: list[dict[str, Any]] = []
-
-    async def run_prefill_then_crash(*a: Any, **kw: Any) -> Any:
-        params = await orig(*a, **kw)
-        if params and not killed:
-            await asyncio.to_thread(kill_group, p)
-            killed.append(params)
-        return params
-
-    proxy._run_prefill = run_prefill_then_crash
+    """A prefill instance of its own (NixlConnector, started first, on a quiet
+    host) is killed the moment its answer (with ``kv_transfer_params``) reaches
+    the gateway, before the decode leg is sent: the fleet's decode instance
+    cannot pull the KV and vLLM recomputes the prompt. The shared fleet's
+    prefill instance is never touched (restarting it under load took minutes)."""
+    spec = VllmServerSpec(model_dir=str(vllm_fleet.model_dir), port=free_port(), role="prefill",
+                          connector="NixlConnector", side_channel_port=free_port(),
+                          max_model_len=vllm_fleet.max_model_len,
+                          log_path=str(vllm_fleet.log_dir / "victim-prefill.log"),
+                          # no torch.compile: starts in seconds; it dies before anyone reads its KV
+                          extra_args=["-O0", "--enforce-eager"])
+    victim = VllmServer(spec).start()
+    gw: Gateway | None = None
     try:
+        victim.wait_ready(420)
+        req = body(prompt_ids(300, seed=707), max_tokens=8)
+        ref = reference(vllm_fleet, req)
+        gw = Gateway([victim.url], vllm_fleet.decode_urls, timeouts={"decode_idle_s": 60.0})
+        proxy = gw.app.state.proxy
+        orig = proxy._run_prefill
+        killed: list[dict[str, Any]] = []
+
+        async def run_prefill_then_crash(*a: Any, **kw: Any) -> Any:
+            params = await orig(*a, **kw)
+            if params and not killed:
+                await asyncio.to_thread(kill_group, victim)
+                killed.append(params)
+            return params
+
+        proxy._run_prefill = run_prefill_then_crash
         t0 = time.monotonic()
         out = complete(gw.url, req, timeout=120)
         assert killed, "the prefill leg did not return kv_transfer_params"
@@ -373,11 +384,7 @@ def test_prefill_crash_after_answer_before_kv_read(vllm_fleet: LocalFleet) -> No
         assert token_ids(complete(gw.url, again, timeout=120)) == token_ids(
             complete(vllm_fleet.decode_urls[0], again))
     finally:
-        gw.close()
-        # bring the prefill instance back on its port for the tests after this one
-        p.stop()
-        fresh = VllmServer(p.spec).start()
-        vllm_fleet.prefill[0] = fresh
-        fresh.wait_ready(300)
-        vllm_fleet.spread_over_cores()
-        restore(vllm_fleet)
+        if gw is not None:
+            gw.close()
+        victim.stop()
+    restore(vllm_fleet)
