@@ -33,6 +33,15 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         "tokenizer": {"words": sim_words},
     }
     pools = {"short": {"max_tokens": long_tokens}, "long": {"min_tokens": long_tokens}}
+
+    def goodput_sjf(max_deflected: int) -> dict[str, Any]:
+        """The goodput route with shortest-prompt-first prefill admission."""
+        return {**common, "route_policy": "goodput",
+                "goodput": {"max_deflected_per_decode": max_deflected, "others_weight": 1.0},
+                "admission_policy": "priority",
+                "priority": {"long_threshold_tokens": 1000, "long_penalty": 1, "aging_rate": 0.1 * speed,
+                             "max_wait_s": 60.0 / speed, "max_in_flight": 4}}
+
     alternate = ["short", "long"] * 32
     return {
         "request_parallel": {**common, "admission_policy": "request_parallel"},
@@ -46,21 +55,11 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         # would slow weighted fully; prefill legs admitted shortest-first (one priority unit
         # per 1000 prompt tokens, aging 0.1 unit per simulated second, none waits over 60 s),
         # 4 in flight per prefill instance.
-        "goodput+sjf": {**common, "route_policy": "goodput",
-                        "goodput": {"max_deflected_per_decode": 1, "others_weight": 1.0},
-                        "admission_policy": "priority",
-                        "priority": {"long_threshold_tokens": 1000, "long_penalty": 1,
-                                     "aging_rate": 0.1 * speed, "max_wait_s": 60.0 / speed,
-                                     "max_in_flight": 4}},
+        "goodput+sjf": goodput_sjf(1),
         # the same with up to 4 deflected prefills per decode instance: with the decode
         # instances' chunk budget sized to the TPOT SLO (bench/goodput.py DEFAULT_DECODE_SET) it
         # absorbs more of a prefill overload (bench/results/goodput_quick.md)
-        "goodput+sjf+d4": {**common, "route_policy": "goodput",
-                           "goodput": {"max_deflected_per_decode": 4, "others_weight": 1.0},
-                           "admission_policy": "priority",
-                           "priority": {"long_threshold_tokens": 1000, "long_penalty": 1,
-                                        "aging_rate": 0.1 * speed, "max_wait_s": 60.0 / speed,
-                                        "max_in_flight": 4}},
+        "goodput+sjf+d4": goodput_sjf(4),
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import contextlib
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -139,6 +140,17 @@ class ReplayApiServer:
         self.server.server_close()
 
 
+@contextlib.contextmanager
+def discovering(cfg: DiscoveryConfig, fleet: Fleet) -> Iterator[KubernetesDiscovery]:
+    """Kubernetes discovery running over ``fleet`` for the ``with`` block."""
+    disc = KubernetesDiscovery(cfg, fleet, backoff_s=0.1)
+    disc.start()
+    try:
+        yield disc
+    finally:
+        disc.stop()
+
+
 @pytest.fixture
 def cluster() -> Iterator[ReplayApiServer]:
     s = ReplayApiServer([recorded_list("pod-list.json"), recorded_list("job-pods.json"),
@@ -151,9 +163,7 @@ def test_recorded_list_and_watch_build_the_fleet(cluster: ReplayApiServer, tmp_p
     fleet = Fleet([])
     cfg = DiscoveryConfig(type="kubernetes", namespace="kube-system", prefill_selector=SCHED,
                           decode_selector=DNS, kubeconfig=kubeconfig(tmp_path, cluster.url))
-    disc = KubernetesDiscovery(cfg, fleet, backoff_s=0.1)
-    disc.start()
-    try:
+    with discovering(cfg, fleet) as disc:
         want = {"http://172.18.0.3:8000": "prefill", "http://10.244.0.3:8000": "decode",
                 "http://10.244.0.2:8000": "decode"}
         wait_for(lambda: urls(fleet) == want)
@@ -172,8 +182,6 @@ def test_recorded_list_and_watch_build_the_fleet(cluster: ReplayApiServer, tmp_p
         cluster.push(DNS, {"type": "DELETED", "object": gone})
         wait_for(lambda: "http://10.244.0.2:8000" not in urls(fleet))
         assert urls(fleet) == {"http://172.18.0.3:8000": "prefill", "http://10.244.0.3:8000": "decode"}
-    finally:
-        disc.stop()
 
 
 def test_recorded_unready_and_ipless_pods_stay_out(cluster: ReplayApiServer, tmp_path: Path) -> None:
@@ -182,15 +190,11 @@ def test_recorded_unready_and_ipless_pods_stay_out(cluster: ReplayApiServer, tmp
     fleet = Fleet([])
     cfg = DiscoveryConfig(type="kubernetes", namespace="default", prefill_selector=JOB,
                           decode_selector=DEPLOY, kubeconfig=kubeconfig(tmp_path, cluster.url))
-    disc = KubernetesDiscovery(cfg, fleet, backoff_s=0.1)
-    disc.start()
-    try:
+    with discovering(cfg, fleet) as disc:
         wait_for(lambda: {s for k, s, _ in cluster.served if k == "watch"} == {JOB, DEPLOY})
         assert ("list", JOB, 1) in cluster.served and ("list", DEPLOY, 2) in cluster.served
         time.sleep(0.2)
         assert fleet.instances == [] and disc.errors == 0
-    finally:
-        disc.stop()
 
 
 @pytest.mark.parametrize("selector,expect", [
