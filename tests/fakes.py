@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,8 +20,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-
-from pdgate.localfleet.vllm_server import free_port
 
 
 @dataclass
@@ -146,18 +145,16 @@ class FakeInstance:
 
         return app
 
-    def start(self) -> "FakeInstance":
-        self.port = free_port()
+    def start(self) -> FakeInstance:
+        sock = bound_loopback_socket()
+        self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port,
                                 log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("fake instance did not start")
-            time.sleep(0.01)
+        wait_until_serving(self._server, self._thread, "fake instance")
         return self
 
     def stop(self) -> None:
@@ -169,16 +166,44 @@ class FakeInstance:
 
 def serve_app_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
     """Run an ASGI app with uvicorn on a free loopback port; return (server, thread, url)."""
-    port = free_port()
+    sock = bound_loopback_socket()
+    port = int(sock.getsockname()[1])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.01)
+    wait_until_serving(server, thread, "gateway")
     return server, thread, f"http://127.0.0.1:{port}"
+
+
+def bound_loopback_socket() -> socket.socket:
+    """A TCP socket already bound to a free loopback port, for uvicorn's ``sockets=``.
+
+    Binding here, rather than picking a free port number and letting uvicorn bind it
+    later, leaves no window in which another process (vLLM and NIXL open many
+    ephemeral ports during the e2e tier) can take the port.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def wait_until_serving(server: uvicorn.Server, thread: threading.Thread, what: str,
+                       timeout_s: float = 60.0) -> None:
+    """Block until ``server`` (run by ``thread``) listens.
+
+    Raises RuntimeError at once if the thread exits first (startup failed), or after
+    ``timeout_s`` seconds. The limit is generous: on a loaded CI host (real vLLM
+    servers computing beside the tests) a thread can wait many seconds for the GIL
+    and the CPU; the earlier 10 s limit failed a CI run.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"{what} exited during startup (see the log above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s")
+        time.sleep(0.01)
 
 
 # -- fixed fleet snapshots for policy unit tests ------------------------------

@@ -123,8 +123,19 @@ def test_window_and_time_scale():
     assert plan.offered_rate() == pytest.approx(3 / 7.0)
     d = plan.describe()
     assert "toy.csv" in d and "x2" in d and "3 of 5 requests" in d and "[1, 4.5)" in d
+    # the window outlasts the last arrival: the line says when arrivals end
+    assert "over a 7 s window (last arrival at 6 s)" in d
     # Output length 0 in the trace is raised to 1 (max_tokens must be >= 1).
     assert plan.requests[2].output_tokens == 1
+
+
+def test_progress_line_names_a_gap_in_the_trace():
+    from pdgate.bench.replay import progress_line
+
+    plan = make_plan(_toy_trace(), start_s=1.0, duration_s=3.5, time_scale=10.0)  # arrivals 0, 15, 30 s
+    assert progress_line(plan, 0.5, 1, 0, 0) == "[    0.5s] sent 1/3 done 0 failed 0 (gap in the trace: next request in 14 s)"
+    assert "gap" not in progress_line(plan, 14.0, 1, 1, 0)   # the next one is 1 s away
+    assert "gap" not in progress_line(plan, 31.0, 3, 2, 1)   # all sent
 
 
 def test_max_requests_and_faster_scale():

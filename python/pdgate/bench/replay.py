@@ -344,6 +344,17 @@ async def run_replay(
     )
 
 
+def progress_line(plan: ReplayPlan, elapsed_s: float, sent: int, done: int, failed: int) -> str:
+    """One progress line; says so when the replay is waiting out a gap in the trace
+    (the next arrival more than 2 s away), so a long pause does not read as a stall."""
+    line = f"[{elapsed_s:7.1f}s] sent {sent}/{len(plan.requests)} done {done} failed {failed}"
+    if sent < len(plan.requests):
+        wait = plan.requests[sent].arrival_s - elapsed_s
+        if wait > 2.0:
+            line += f" (gap in the trace: next request in {wait:.0f} s)"
+    return line
+
+
 def format_report(result: ReplayResult) -> str:
     """Text report: scaling line, target, the metrics table."""
     lines = [
@@ -454,7 +465,11 @@ def _main(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
     )
-    print(f"Trace scaling: {plan.describe()}", file=sys.stderr)
+    if plan.requests:  # the full scaling line comes with the report at the end
+        print(f"Replaying {len(plan.requests)} requests arriving over {plan.requests[-1].arrival_s:.4g} s "
+              f"(wall clock; time scale x{plan.time_scale:g})", file=sys.stderr)
+    else:
+        print(f"Trace scaling: {plan.describe()}", file=sys.stderr)
     if not plan.requests:
         print("error: no request in the window", file=sys.stderr)
         return 2
@@ -463,7 +478,7 @@ def _main(args: argparse.Namespace) -> int:
         tok = load_tokenizer(args.tokenizer or args.model)
 
     def progress(el: float, sent: int, done: int, failed: int) -> None:
-        print(f"[{el:7.1f}s] sent {sent}/{len(plan.requests)} done {done} failed {failed}", file=sys.stderr)
+        print(progress_line(plan, el, sent, done, failed), file=sys.stderr)
 
     result = asyncio.run(
         run_replay(

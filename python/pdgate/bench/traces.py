@@ -299,7 +299,9 @@ class ReplayPlan:
             f"{n} of {self.trace_rows} requests",
             f"time scale x{self.time_scale:g} on inter-arrival gaps"
             + (" (slower)" if self.time_scale > 1 else " (faster)" if self.time_scale < 1 else " (real time)"),
-            f"offered {self.offered_rate():.3g} req/s over {self.window_replay_s:.4g} s",
+            f"offered {self.offered_rate():.3g} req/s over a {self.window_replay_s:.4g} s window"
+            + (f" (last arrival at {self.requests[-1].arrival_s:.4g} s)"
+               if self.requests and self.requests[-1].arrival_s < 0.95 * self.window_replay_s else ""),
         ]
         for what, cap, k in (("prompt", self.max_prompt_tokens, self.n_prompt_capped),
                              ("output", self.max_output_tokens, self.n_output_capped)):

@@ -74,16 +74,38 @@ def replay_behind_router(prefill: list[str], decode: list[str], model: str, plan
 def calibrate(prefill: str, decode: str, model: str) -> Any:
     """A ``cpu-tiny`` profile refitted to a quick measurement of the real instances now.
 
+    Returns ``(profile, raw)``: the refitted :class:`~pdgate.sim.profiles.Profile`
+    and the raw measurements (seconds) of :func:`pdgate.sim.fit.measure`.
     The shipped ``cpu-tiny.yaml`` was measured on a shared 2-core host whose
     speed changes several-fold with other tenants' load; fitting right before
     the comparison keeps both sides under the same conditions.
     """
-    from pdgate.sim.fit import fit, measure
-    from pdgate.sim.profiles import load_profile
+    from pdgate.sim.fit import measure
 
     raw = asyncio.run(measure(prefill, decode, model, quick=True))
-    coeffs = fit(raw, 2048)
-    return load_profile("cpu-tiny", **coeffs).replace(name="cpu-tiny (live refit)"), raw
+    return profile_from(raw), raw
+
+
+def profile_from(raw: dict[str, Any]) -> Any:
+    """The ``cpu-tiny`` profile with coefficients fitted to ``raw`` (one or merged measurements)."""
+    from pdgate.sim.fit import fit
+    from pdgate.sim.profiles import load_profile
+
+    return load_profile("cpu-tiny", **fit(raw, 2048)).replace(name="cpu-tiny (live refit)")
+
+
+def merge_raw(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two :func:`pdgate.sim.fit.measure` outputs as one (every point of both, for one fit)."""
+    return {k: list(a.get(k, [])) + list(b.get(k, [])) for k in ("prefill", "decode", "pd")}
+
+
+def host_drift(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How far the host's speed moved between two quick calibrations: the largest relative
+    change, over the prefill and decode points both measured, of the measured time
+    (``|b - a| / min(a, b)``; 0.5 = one took 1.5x the other)."""
+    pairs = [(x["latency_s"], y["latency_s"]) for x, y in zip(a["prefill"], b["prefill"])]
+    pairs += [(x["itl_s"], y["itl_s"]) for x, y in zip(a["decode"], b["decode"])]
+    return max((abs(y - x) / max(min(x, y), 1e-9) for x, y in pairs), default=0.0)
 
 
 def run_sim_side(plan: ReplayPlan, profile: Any = "cpu-tiny", router: str = "vllm-router") -> dict[str, float]:
@@ -96,19 +118,35 @@ def run_sim_side(plan: ReplayPlan, profile: Any = "cpu-tiny", router: str = "vll
 
 def fidelity(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan | None = None,
              attempts: int = 2, tolerance: float = 0.25, router: str = "vllm-router",
-             live_calibration: bool = True) -> dict[str, Any]:
+             live_calibration: bool = True, max_drift: float = 0.5) -> dict[str, Any]:
     """Replay on the real instances and on a simulated fleet, both behind ``router``, up to
-    ``attempts`` times until they agree. With ``live_calibration`` each attempt first refits
-    the cpu-tiny coefficients to the instances (:func:`calibrate`); else the shipped file is used."""
+    ``attempts`` times until they agree.
+
+    With ``live_calibration`` each attempt brackets the real replay with two quick
+    calibrations (:func:`calibrate`, before and after), fits the simulator's cpu-tiny
+    coefficients to both together, and measures how far the host's speed moved
+    meanwhile (:func:`host_drift`), recorded with the attempt (``"steady": false`` past
+    ``max_drift``: the real side was not measured under steady conditions, which explains
+    a miss on a shared 2-core host). Agreement is required either way. Without
+    ``live_calibration`` the shipped profile is used.
+    Returns ``{"scaling", "router", "attempts": [...], "ok"}``.
+    """
     plan = plan or default_plan()
     tries = []
     for _ in range(attempts):
         profile: Any = "cpu-tiny"
-        cal = None
+        cal: dict[str, Any] | None = None
+        before = None
         if live_calibration:
-            profile, raw = calibrate(prefill[0], decode[0], model)
-            cal = {"profile": profile.to_dict(), "raw": raw}
+            _, before = calibrate(prefill[0], decode[0], model)
         real = replay_behind_router(prefill, decode, model, plan, router)
+        if before is not None:
+            _, after = calibrate(prefill[0], decode[0], model)
+            raw = merge_raw(before, after)
+            profile = profile_from(raw)
+            drift = host_drift(before, after)
+            cal = {"profile": profile.to_dict(), "raw_before": before, "raw_after": after,
+                   "host_drift": drift, "steady": drift <= max_drift}
         sim = run_sim_side(plan, profile, router=router)
         c = compare(real, sim, tolerance)
         c["calibration"] = cal

@@ -1,0 +1,53 @@
+"""The fidelity check's calibration arithmetic: fitting step-time coefficients to
+measurements, merging two calibrations, and measuring how far the host moved."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdgate.sim.fidelity import host_drift, merge_raw, profile_from
+from pdgate.sim.fit import fit
+
+TRUE = {"step_base_s": 0.012, "decode_seq_s": 0.001, "decode_kv_token_s": 2e-7,
+        "prefill_token_s": 1e-4, "prefill_attn_s": 1e-8, "request_overhead_s": 0.003}
+
+
+def synthetic(scale: float = 1.0) -> dict:
+    """measure()-shaped points generated from TRUE (times x ``scale``: a slower host)."""
+    t = TRUE
+    prefill = []
+    for n in (64, 512, 1024, 2048):
+        lat = t["request_overhead_s"] + t["step_base_s"] + t["prefill_token_s"] * n + t["prefill_attn_s"] * n * n / 2
+        prefill.append({"n": n, "latency_s": lat * scale})
+    decode = [{"batch": b, "context": k, "itl_s": scale * (t["step_base_s"] + t["decode_seq_s"] * b
+                                                          + t["decode_kv_token_s"] * b * k)}
+              for b, k in ((1, 88), (4, 88), (16, 88), (1, 1048), (4, 536))]
+    pd = [{"n": n, "decode_ttft_s": scale * (t["request_overhead_s"] + 0.02 + 1e-6 * n
+                                             + t["step_base_s"] + t["decode_seq_s"] + t["decode_kv_token_s"] * n)}
+          for n in (128, 1024)]
+    return {"prefill": prefill, "decode": decode, "pd": pd}
+
+
+def test_fit_recovers_the_coefficients_that_made_the_points() -> None:
+    got = fit(synthetic(), 2048)
+    for k, v in TRUE.items():
+        assert got[k] == pytest.approx(v, rel=0.05, abs=1e-9), k
+    assert got["kv_transfer_latency_s"] == pytest.approx(0.02, rel=0.05)
+
+
+def test_merged_calibrations_fit_between_the_two_hosts_speeds() -> None:
+    a, b = synthetic(1.0), synthetic(1.5)
+    merged = merge_raw(a, b)
+    assert len(merged["decode"]) == 10 and len(merged["prefill"]) == 8 and len(merged["pd"]) == 4
+    base = profile_from(merged).step_base_s
+    assert TRUE["step_base_s"] < base < 1.5 * TRUE["step_base_s"]
+
+
+def test_host_drift_is_the_largest_relative_change() -> None:
+    a = synthetic(1.0)
+    assert host_drift(a, synthetic(1.0)) == pytest.approx(0.0)
+    assert host_drift(a, synthetic(1.5)) == pytest.approx(0.5)
+    assert host_drift(synthetic(1.5), a) == pytest.approx(0.5)   # symmetric
+    b = synthetic(1.0)
+    b["decode"][2] = {**b["decode"][2], "itl_s": 3 * b["decode"][2]["itl_s"]}   # one point slowed 3x
+    assert host_drift(a, b) == pytest.approx(2.0)
