@@ -78,8 +78,11 @@ class TimeoutsConfig(_Strict):
             queue late) a connect can time out once and succeed at once after.
         prefill_s: whole prefill leg (prompt processing + KV handoff answer);
             past it the request falls back to decode-only.
-        decode_first_byte_s: from sending the decode leg to its response headers.
-        decode_idle_s: longest gap between two chunks of a decode stream.
+        decode_first_byte_s: longest wait for a non-streamed decode leg's
+            answer. vLLM sends it whole after the last token, so this bounds
+            the generation; set it above the longest generation you serve.
+        decode_idle_s: longest gap between two chunks of a streamed decode
+            leg (the first chunk included).
     """
 
     connect_s: float = Field(default=5.0, gt=0)

@@ -42,6 +42,12 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
                 "priority": {"long_threshold_tokens": 1000, "long_penalty": 1, "aging_rate": 0.1 * speed,
                              "max_wait_s": 60.0 / speed, "max_in_flight": 4}}
 
+    def goodput_fcfs(max_deflected: int) -> dict[str, Any]:
+        """The goodput route, prefill legs admitted first come first served (4 in flight per
+        prefill instance, at most 1 long): no request is held back, which keeps the TTFT tail short."""
+        return {**common, "route_policy": "goodput", "admission_policy": "request_parallel",
+                "goodput": {"max_deflected_per_decode": max_deflected, "others_weight": 1.0}}
+
     alternate = ["short", "long"] * 32
     return {
         "request_parallel": {**common, "admission_policy": "request_parallel"},
@@ -60,6 +66,7 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         # instances' chunk budget sized to the TPOT SLO (bench/goodput.py DEFAULT_DECODE_SET) it
         # absorbs more of a prefill overload (bench/results/goodput_quick.md)
         "goodput+sjf+d4": goodput_sjf(4),
+        "goodput+fcfs+d4": goodput_fcfs(4),
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

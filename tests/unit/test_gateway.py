@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Iterator
 
 import httpx
@@ -221,3 +222,24 @@ def test_models_health_metrics(env: Env) -> None:
     r = httpx.get(env.url + "/metrics")
     assert r.headers["content-type"].startswith("text/plain")
     assert "# HELP pdgate_requests_total" in r.text
+
+
+def test_non_streamed_decode_waits_decode_first_byte_s_not_decode_idle_s() -> None:
+    """A non-streamed answer arrives whole after the last token: the wait is bounded by
+    ``timeouts.decode_first_byte_s``; ``decode_idle_s`` (gaps of a stream) does not cut it."""
+    e = Env(timeouts={"decode_idle_s": 0.5, "decode_first_byte_s": 3.0})
+    try:
+        e.decode[0].behaviour.hang_s = 1.2          # longer than decode_idle_s
+        r = e.post("/v1/completions", req())
+        assert r.status_code == 200, r.text
+        e.decode[0].behaviour.hang_s = 5.0          # longer than decode_first_byte_s
+        t0 = time.monotonic()
+        r = e.post("/v1/completions", req())
+        assert r.status_code == 504 and r.json()["error"]["code"] == 504
+        assert 2.5 < time.monotonic() - t0 < 4.9
+        e.decode[0].behaviour.hang_s = 1.2          # streamed: the first chunk is due within decode_idle_s
+        t0 = time.monotonic()
+        r = e.post("/v1/completions", req(stream=True))
+        assert r.status_code == 504 and time.monotonic() - t0 < 1.1, r.text
+    finally:
+        e.close()

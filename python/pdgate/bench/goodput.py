@@ -101,7 +101,7 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
             continue
         out.append(RouterSpec(f"pdgate/{p}", "pdgate", "pd", {"prefill_policy": p, "decode_policy": p}))
     presets = routing_presets(profile, speed, slo_ttft_s, slo_tpot_s, sim_words=True)
-    admission_only = {"request_parallel", "priority", "goodput+deadline"}
+    admission_only = {"request_parallel", "priority", "goodput+deadline", "goodput+fcfs+d4"}
     for label, cfg in presets.items():
         if quick and label in admission_only:
             continue
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", type=float, nargs="+", help="override the rate scales of every trace")
     ap.add_argument("--window-start-s", type=float, help="override the trace window start (trace seconds)")
     ap.add_argument("--window-s", type=float, help="override the trace window length (trace seconds)")
-    ap.add_argument("--configs", nargs="+", help="only configurations whose label contains one of these")
+    ap.add_argument("--configs", nargs="+", help="only configurations whose label contains one of these (from the full set, also with --quick)")
     ap.add_argument("--profile", default="a100-dsv2-lite")
     ap.add_argument("--decode-set", action="append", default=None, metavar="FIELD=VALUE",
                     help="profile field for the decode instances only (same fleet for every router); "
@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         args.decode_set = list(DEFAULT_DECODE_SET)
     traces = args.traces or sorted(TRACES)
     fleets = args.fleets or (["2P2D"] if quick else ["2P2D", "4P4D"])
-    specs = [s for s in configs(quick, args.profile, args.speed, args.slo_ttft, args.slo_tpot)
+    # --configs picks from every configuration (quick or not): it names what to run
+    specs = [s for s in configs(quick and not args.configs, args.profile, args.speed, args.slo_ttft, args.slo_tpot)
              if not args.configs or any(c in s.label for c in args.configs)]
     # The decode instances' chunked-prefill budget, when set for the fleet, is
     # configuration the operator gives pdgate's predictor too.

@@ -152,6 +152,9 @@ class PDProxy(RelayMixin):
         t = config.timeouts
         self._prefill_timeout = httpx.Timeout(t.prefill_s, connect=t.connect_s)
         self._decode_timeout = httpx.Timeout(t.decode_idle_s, connect=t.connect_s)
+        # vLLM sends a non-streamed answer's headers with its body, after the last token:
+        # the whole generation is one wait for the first byte.
+        self._decode_whole_timeout = httpx.Timeout(t.decode_first_byte_s, connect=t.connect_s)
 
     # -- bookkeeping -------------------------------------------------------
     def _acquire(self, inst: Instance) -> None:
@@ -426,7 +429,8 @@ class PDProxy(RelayMixin):
             try:
                 client = self._client(inst)
                 req = client.build_request("POST", f"{inst.url}/v1/{endpoint}", content=payload,
-                                           headers={**headers, **_JSON_HEADERS}, timeout=self._decode_timeout)
+                                           headers={**headers, **_JSON_HEADERS},
+                                           timeout=self._decode_timeout if stream else self._decode_whole_timeout)
                 if overhead_base is not None:
                     self.metrics.added_latency.observe(max(0.0, time.monotonic() - overhead_base))
                     overhead_base = None
