@@ -204,3 +204,18 @@ def test_abort_frees_blocks_everywhere() -> None:
     s.abort(a, 1)
     assert a.status == Status.ABORTED and a not in s.running
     assert s.pool.num_free == 64 - 0 - len(b.blocks) and not a.blocks
+
+
+def test_step_noise_scales_step_time_only_when_the_profile_has_it() -> None:
+    quiet, noisy = Scheduler(P), Scheduler(P.replace(step_noise_sigma=0.5, step_noise_tau_s=0.2), seed=7)
+    ratios = []
+    for t in range(20):
+        for s in (quiet, noisy):
+            s.add(req(f"r{t}-{id(s)}", 8, out=1))
+        a, b = quiet.schedule(t * 1.0), noisy.schedule(t * 1.0)
+        expect = P.step_time([(8, 0)], [])
+        assert a.duration_s == expect                       # no noise: the formula exactly
+        ratios.append(b.duration_s / expect)
+        quiet.finish_step(a, t + 0.5)
+        noisy.finish_step(b, t + 0.5)
+    assert len({round(r, 6) for r in ratios}) == 20 and min(ratios) < 0.9 and max(ratios) > 1.1

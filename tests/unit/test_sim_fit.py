@@ -51,3 +51,48 @@ def test_host_drift_is_the_largest_relative_change() -> None:
     b = synthetic(1.0)
     b["decode"][2] = {**b["decode"][2], "itl_s": 3 * b["decode"][2]["itl_s"]}   # one point slowed 3x
     assert host_drift(a, b) == pytest.approx(2.0)
+
+
+def test_step_noise_off_is_exactly_one_and_draws_nothing() -> None:
+    from pdgate.sim.noise import StepNoise
+
+    n = StepNoise(0.0, 1.0, seed=3)
+    assert [n.factor(t) for t in (0.0, 0.5, 10.0)] == [1.0, 1.0, 1.0]
+
+
+def test_step_noise_has_the_stated_spread_and_correlation() -> None:
+    import math
+    import statistics
+
+    from pdgate.sim.noise import StepNoise, fit_step_noise
+
+    n = StepNoise(0.4, 0.5, seed=1)
+    dt = 0.01
+    fs = [n.factor(i * dt) for i in range(60000)]          # 600 s, 1200 correlation times
+    xs = [math.log(f) for f in fs]
+    assert statistics.median(fs) == pytest.approx(1.0, abs=0.08)
+    assert statistics.pstdev(xs) == pytest.approx(0.4, rel=0.1)
+    lag = 50                                                 # 0.5 s = one tau: autocorrelation 1/e
+    m = statistics.fmean(xs)
+    rho = sum((a - m) * (b - m) for a, b in zip(xs, xs[lag:])) / sum((a - m) ** 2 for a in xs)
+    assert rho == pytest.approx(math.exp(-1), abs=0.08)
+    # the fit recovers both from the step times this noise produces (base step 10 ms)
+    sigma, tau = fit_step_noise([0.01 * f for f in fs[:6000]])
+    assert sigma == pytest.approx(0.4, rel=0.2) and tau == pytest.approx(0.5, rel=0.35)
+    # white noise: no correlation, tau falls to one step
+    import random
+    rng = random.Random(0)
+    sigma, tau = fit_step_noise([0.01 * math.exp(rng.gauss(0, 0.3)) for _ in range(2000)])
+    assert sigma == pytest.approx(0.3, rel=0.15) and tau == pytest.approx(0.01, rel=0.5)
+
+
+def test_fit_takes_the_noise_probe_and_merge_keeps_it() -> None:
+    a, b = synthetic(), synthetic()
+    a["noise"] = {"gaps_s": [0.010, 0.011, 0.012, 0.013, 0.015, 0.016, 0.014, 0.012, 0.011, 0.010] * 3}
+    b["noise"] = {"gaps_s": [0.02] * 5}
+    merged = merge_raw(a, b)
+    assert len(merged["noise"]["gaps_s"]) == 35
+    got = fit(a, 2048)
+    assert 0 < got["step_noise_sigma"] < 0.3 and got["step_noise_tau_s"] > 0
+    assert "step_noise_sigma" not in fit(synthetic(), 2048)          # no probe, no noise fields
+    assert profile_from(a).step_noise_sigma == pytest.approx(got["step_noise_sigma"])

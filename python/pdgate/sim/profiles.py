@@ -65,6 +65,10 @@ class Profile:
         kv_hold_timeout_s: how long a prefill instance keeps blocks for a
             remote decode that never reads them (vLLM
             ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, default 480 s).
+        step_noise_sigma, step_noise_tau_s: a slowly varying speed factor on
+            every step, log-normal with median 1 (0: none; see
+            :mod:`pdgate.sim.noise`): ``cpu-tiny`` on a shared host has it, a
+            GPU profile does not.
         vocab_size: token ids emitted are in ``[0, vocab_size)``.
         sources: citations for the numbers.
     """
@@ -87,6 +91,8 @@ class Profile:
     kv_transfer_latency_s: float = 0.001
     request_overhead_s: float = 0.0
     kv_hold_timeout_s: float = 480.0
+    step_noise_sigma: float = 0.0
+    step_noise_tau_s: float = 1.0
     vocab_size: int = 32000
     sources: tuple[str, ...] = ()
 

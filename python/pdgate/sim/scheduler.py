@@ -34,6 +34,7 @@ import enum
 from typing import Any, Callable
 
 from pdgate.sim.blocks import BlockPool
+from pdgate.sim.noise import StepNoise
 from pdgate.sim.profiles import Profile
 
 
@@ -122,12 +123,16 @@ class Scheduler:
         profile: limits and step-time model.
         policy: ``"fcfs"`` or ``"priority"``.
         enable_prefix_caching: reuse cached blocks.
+        seed: seed of the step-time noise (:mod:`pdgate.sim.noise`; unused
+            when the profile has none).
     """
 
-    def __init__(self, profile: Profile, policy: str = "fcfs", enable_prefix_caching: bool = True) -> None:
+    def __init__(self, profile: Profile, policy: str = "fcfs", enable_prefix_caching: bool = True,
+                 seed: int = 0) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError("policy must be fcfs or priority")
         self.profile = profile
+        self.noise = StepNoise(profile.step_noise_sigma, profile.step_noise_tau_s, seed)
         self.policy = policy
         self.bs = profile.block_size
         self.pool = BlockPool(profile.num_gpu_blocks, profile.block_size, enable_prefix_caching)
@@ -341,7 +346,8 @@ class Scheduler:
                 decodes.append(req.num_computed + 1)
             else:
                 chunks.append((n, req.num_computed))
-        plan = StepPlan(list(sched.items()), p.step_time(chunks, decodes), new_loads, preempted,
+        plan = StepPlan(list(sched.items()), p.step_time(chunks, decodes) * self.noise.factor(now_s),
+                        new_loads, preempted,
                         sum(c for c, _ in chunks), len(decodes))
         return plan
 
