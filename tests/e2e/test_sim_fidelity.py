@@ -20,7 +20,7 @@ from pdgate.sim.fidelity import fidelity
 
 @pytest.mark.xfail(strict=False, reason=(
     "within 25% once (2026-11-29 21:27), not since: the earlier runs timed vLLM prefix-cache hits (one prompt "
-    "seed for every pass; fixed 2026-11-30); the first clean run (05:27 UTC) agrees on TPOT p50 (-4%) but the "
+    "seed for every pass; fixed 2026-11-30); the first clean run (05:21 UTC) agrees on TPOT p50 (-4%) but the "
     "real TTFT (p50 -36%, p90 -50%) and TPOT p90 (-53%) run higher than the simulator's, for reasons not yet "
     "found (bench/results/goodput_fidelity.md); while it is xfail the test runs one attempt"))
 def test_simulator_matches_real_vllm_within_25_percent(vllm_fleet: LocalFleet) -> None:
