@@ -63,7 +63,8 @@ def fleet() -> Iterator[SimFleet]:
 class Gateway:
     def __init__(self, fleet: SimFleet, **cfg: Any) -> None:
         config = GatewayConfig(prefill=fleet.prefill_urls, decode=fleet.decode_urls, tokenizer={"words": True},
-                               timeouts={"prefill_s": 1.0, "decode_idle_s": 1.0, "connect_s": 1.0},
+                               timeouts={"prefill_s": 1.0, "decode_idle_s": 1.0, "decode_first_byte_s": 1.0,
+                                         "connect_s": 1.0},
                                health={"enabled": False, "failures_to_eject": 100}, **cfg)
         self.app = create_app(config)
         self.server, self.thread, self.url = serve_app_in_thread(self.app)
