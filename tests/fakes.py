@@ -146,15 +146,8 @@ class FakeInstance:
         return app
 
     def start(self) -> FakeInstance:
-        sock = bound_loopback_socket()
-        self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port,
-                                log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        daemon=True)
-        self._thread.start()
-        wait_until_serving(self._server, self._thread, "fake instance")
+        self._server, self._thread, url = serve_app_in_thread(self.app(), lifespan="off", what="fake instance")
+        self.port = int(url.rsplit(":", 1)[1])
         return self
 
     def stop(self) -> None:
@@ -164,14 +157,17 @@ class FakeInstance:
             self._thread.join(timeout=10)
 
 
-def serve_app_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """Run an ASGI app with uvicorn on a free loopback port; return (server, thread, url)."""
+def serve_app_in_thread(app: Any, lifespan: str = "auto",
+                        what: str = "gateway") -> tuple[uvicorn.Server, threading.Thread, str]:
+    """Run an ASGI app with uvicorn on a free loopback port; return (server, thread, url).
+    Raises RuntimeError if it does not serve (:func:`wait_until_serving`)."""
     sock = bound_loopback_socket()
     port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan=lifespan))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    wait_until_serving(server, thread, "gateway")
+    wait_until_serving(server, thread, what)
     return server, thread, f"http://127.0.0.1:{port}"
 
 

@@ -90,7 +90,7 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
     SLOs and clocks scaled to the simulator's ``speed``); the aggregated reference.
 
     The quick set keeps the route presets and pdgate's best (``goodput+sjf``, ``goodput+sjf+d4``) and drops the
-    admission-only presets, the ``power_of_two`` and ``prefix_aware`` instance policies and the
+    admission-only presets and ``goodput+fcfs+d4``, the ``power_of_two`` and ``prefix_aware`` instance policies and the
     second aggregated router (to stay under 10 minutes)."""
     from pdgate.presets import routing_presets
 
@@ -101,9 +101,9 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
             continue
         out.append(RouterSpec(f"pdgate/{p}", "pdgate", "pd", {"prefill_policy": p, "decode_policy": p}))
     presets = routing_presets(profile, speed, slo_ttft_s, slo_tpot_s, sim_words=True)
-    admission_only = {"request_parallel", "priority", "goodput+deadline", "goodput+fcfs+d4"}
+    full_suite_only = {"request_parallel", "priority", "goodput+deadline", "goodput+fcfs+d4"}
     for label, cfg in presets.items():
-        if quick and label in admission_only:
+        if quick and label in full_suite_only:
             continue
         out.append(RouterSpec(f"pdgate/{label}", "pdgate", "pd", cfg))
     out.append(RouterSpec("aggregated/round_robin", "vllm-router", "agg", {"policy": "round_robin"}))

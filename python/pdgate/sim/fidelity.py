@@ -90,19 +90,18 @@ def warm_up(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan,
     return out
 
 
-def calibrate(prefill: str, decode: str, model: str, seed: int = 0) -> Any:
-    """A ``cpu-tiny`` profile refitted to a quick measurement of the real instances now.
+def calibrate(prefill: str, decode: str, model: str, seed: int = 0) -> dict[str, Any]:
+    """A quick measurement of the real instances now (:func:`pdgate.sim.fit.measure`,
+    seconds), with prompts drawn from ``seed``; :func:`profile_from` fits the
+    simulator to one or several of them.
 
-    Returns ``(profile, raw)``: the refitted :class:`~pdgate.sim.profiles.Profile`
-    and the raw measurements (seconds) of :func:`pdgate.sim.fit.measure`.
     The shipped ``cpu-tiny.yaml`` was measured on a shared 2-core host whose
     speed changes several-fold with other tenants' load; fitting right before
     the comparison keeps both sides under the same conditions.
     """
     from pdgate.sim.fit import measure
 
-    raw = asyncio.run(measure(prefill, decode, model, quick=True, seed=seed))
-    return profile_from(raw), raw
+    return asyncio.run(measure(prefill, decode, model, quick=True, seed=seed))
 
 
 def profile_from(raw: dict[str, Any]) -> Any:
@@ -166,10 +165,10 @@ def fidelity(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan
         cal: dict[str, Any] | None = None
         before = None
         if live_calibration:
-            _, before = calibrate(prefill[0], decode[0], model, seed=100 + 2 * k)
+            before = calibrate(prefill[0], decode[0], model, seed=100 + 2 * k)
         real = replay_behind_router(prefill, decode, model, plan, router, seed=k)
         if before is not None:
-            _, after = calibrate(prefill[0], decode[0], model, seed=101 + 2 * k)
+            after = calibrate(prefill[0], decode[0], model, seed=101 + 2 * k)
             raw = merge_raw(before, after)
             profile = profile_from(raw)
             drift = host_drift(before, after)
