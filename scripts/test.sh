@@ -12,4 +12,4 @@ bash scripts/setup.sh
 VENV=${PDGATE_VENV:-.venv}
 cargo test --workspace --exclude pdgate-py -j 2
 [ -n "${PDGATE_SKIP_WHEEL_CHECK:-}" ] || PDGATE_VENV="$VENV" bash scripts/wheel_check.sh
-"$VENV/bin/python" -m pytest -v -rs "$@"
+"$VENV/bin/python" -m pytest -v -rs --durations=30 "$@"

@@ -52,6 +52,17 @@ def reference(fleet: LocalFleet, req: dict) -> list[int]:
     return token_ids(complete(fleet.prefill_urls[0], req))
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")
+def test_prefill_worker_shares_no_core_with_a_decode_worker(fleet_1p2d: LocalFleet) -> None:
+    """Three instances on two cores: the decode instances share a core, the
+    prefill instance keeps its own (sharing it stalled KV pulls for minutes)."""
+    def cores(server: object) -> set[int]:
+        return set().union(*(os.sched_getaffinity(t) for t in server.model_worker_threads()))  # type: ignore[attr-defined]
+    pre = cores(fleet_1p2d.prefill[0])
+    assert pre and all(cores(d) for d in fleet_1p2d.decode)
+    assert not any(pre & cores(d) for d in fleet_1p2d.decode), (pre, [cores(d) for d in fleet_1p2d.decode])
+
+
 def test_forced_deflection_is_token_exact(fleet_1p2d: LocalFleet) -> None:
     gw = InProcessGateway(fleet_1p2d, route_policy="goodput",
                           predictor={"kv_transfer_latency_s": 1000.0, "refit": False},

@@ -83,7 +83,33 @@ def test_step_noise_has_the_stated_spread_and_correlation() -> None:
     import random
     rng = random.Random(0)
     sigma, tau = fit_step_noise([0.01 * math.exp(rng.gauss(0, 0.3)) for _ in range(2000)])
-    assert sigma == pytest.approx(0.3, rel=0.15) and tau == pytest.approx(0.01, rel=0.5)
+    assert tau == pytest.approx(0.01, rel=0.5)
+    # ... and the fitted noise, averaged over a 10 ms step, spreads it by the 0.3 seen
+    from pdgate.sim.noise import averaged_variance_ratio
+    assert sigma * math.sqrt(averaged_variance_ratio(0.01 / tau)) == pytest.approx(0.3, rel=0.15)
+
+
+def test_step_noise_averages_over_long_steps() -> None:
+    """A 1 s prefill step under noise with a 50 ms correlation time spreads far
+    less than the 10 ms steps the noise was fitted on (the flaw of applying one
+    factor sample to a whole long step: simulated TTFT p90 +82%)."""
+    import math
+    import statistics
+
+    from pdgate.sim.noise import StepNoise, averaged_variance_ratio
+
+    assert averaged_variance_ratio(0.0) == 1.0
+    assert averaged_variance_ratio(1.0) == pytest.approx(2 * math.exp(-1))
+    assert averaged_variance_ratio(1000.0) == pytest.approx(2 / 1000, rel=0.01)
+    with pytest.raises(ValueError):
+        averaged_variance_ratio(-1.0)
+    n = StepNoise(0.4, 0.05, seed=2)
+    long_steps = [math.log(n.factor(i * 1.0, 1.0)) for i in range(3000)]
+    short = StepNoise(0.4, 0.05, seed=2)
+    short_steps = [math.log(short.factor(i * 1.0, 0.0)) for i in range(3000)]
+    assert statistics.pstdev(short_steps) == pytest.approx(0.4, rel=0.1)
+    assert statistics.pstdev(long_steps) == pytest.approx(0.4 * math.sqrt(averaged_variance_ratio(20.0)), rel=0.1)
+    assert statistics.pstdev(long_steps) < 0.35 * statistics.pstdev(short_steps)
 
 
 def test_fit_takes_the_noise_probe_and_merge_keeps_it() -> None:

@@ -25,7 +25,7 @@ import httpx
 from pdgate.localfleet.tiny_model import build_tiny_model
 from pdgate.localfleet.vllm_server import SERVED_MODEL_NAME, VllmServer, VllmServerSpec, free_port
 
-__all__ = ["SERVED_MODEL_NAME", "LocalFleet", "build_tiny_model", "default_model_dir", "VllmServer", "VllmServerSpec",
+__all__ = ["SERVED_MODEL_NAME", "LocalFleet", "split_cores", "build_tiny_model", "default_model_dir", "VllmServer", "VllmServerSpec",
            "free_port"]
 
 
@@ -33,6 +33,40 @@ def default_model_dir() -> Path:
     """Where the tiny model is cached: ``$PDGATE_CACHE`` or ``~/.cache/pdgate``."""
     base = os.environ.get("PDGATE_CACHE") or os.path.join(Path.home(), ".cache", "pdgate")
     return Path(base) / "tiny-llama"
+
+
+LOCAL_KV_LEASE_S = 300
+"""NixlConnector KV lease (seconds) the local fleet gives its instances: ten
+times vLLM's 30 s default, since a 2-core fleet under a burst can keep a decode
+leg queued past 30 s and a pull after the lease reads recycled blocks."""
+
+
+def split_cores(cpus: list[int], n_prefill: int, n_decode: int) -> tuple[list[int], list[int]]:
+    """Split CPU ids between prefill and decode instances.
+
+    Args:
+        cpus: allowed CPU ids, sorted.
+        n_prefill / n_decode: instance counts.
+
+    Returns:
+        (prefill CPUs, decode CPUs). With enough CPUs every instance gets its
+        own (prefill first). Otherwise each role gets a share proportional to
+        its instance count, at least one CPU each and no CPU in both, unless
+        there is a single CPU (then both lists are that CPU).
+    """
+    n = n_prefill + n_decode
+    if n == 0 or not cpus:
+        return [], []
+    if n <= len(cpus):
+        return cpus[:n_prefill], cpus[n_prefill:n]
+    if n_prefill == 0:
+        return [], list(cpus)
+    if n_decode == 0:
+        return list(cpus), []
+    if len(cpus) == 1:
+        return list(cpus), list(cpus)
+    k = min(len(cpus) - 1, max(1, round(len(cpus) * n_prefill / n)))
+    return cpus[:k], cpus[k:]
 
 
 class LocalFleet:
@@ -52,6 +86,13 @@ class LocalFleet:
         pin_cores: once ready, give each instance's model worker a core of
             its own (:meth:`spread_over_cores`); without it NixlConnector
             runs every worker of the host on its last core.
+        kv_lease_s: NixlConnector's ``kv_lease_duration`` (seconds) on every
+            instance, default :data:`LOCAL_KV_LEASE_S`; ``None`` keeps vLLM's
+            30 s. A prefill instance frees a request's KV blocks when its
+            lease lapses, and vLLM 0.32's decode side does not notice a pull
+            that lands after that: it reads whatever the blocks hold by then
+            (the prefill only counts "notifs after expiry"). CPU instances can
+            queue a decode leg longer than 30 s.
 
     Raises:
         RuntimeError: a server exited or was not ready in time (log tail in
@@ -62,7 +103,7 @@ class LocalFleet:
                  connector_module: str | None = None, model_dir: str | os.PathLike[str] | None = None,
                  max_model_len: int = 4096, log_dir: str | None = None, gateway: bool = True,
                  gateway_args: list[str] | None = None, ready_timeout_s: float = 420.0,
-                 pin_cores: bool = True) -> None:
+                 pin_cores: bool = True, kv_lease_s: int | None = LOCAL_KV_LEASE_S) -> None:
         self.n_prefill = n_prefill
         self.n_decode = n_decode
         self.connector = connector
@@ -77,6 +118,7 @@ class LocalFleet:
         self.gateway_args = list(gateway_args or [])
         self.ready_timeout_s = ready_timeout_s
         self.pin_cores = pin_cores
+        self.kv_lease_s = kv_lease_s
         self.prefill: list[VllmServer] = []
         self.decode: list[VllmServer] = []
         self.gateway_proc: subprocess.Popen[bytes] | None = None
@@ -96,8 +138,14 @@ class LocalFleet:
             model_dir=str(self.model_dir), port=port, role=role, connector=self.connector,
             connector_module=self.connector_module, side_channel_port=free_port(),
             max_model_len=self.max_model_len, log_path=str(self.log_dir / f"{role}-{port}.log"),
-            # PdgateConnector's own metrics port (sidecar scrape target)
-            connector_extra_config=({"metrics_port": free_port()} if self.connector == "PdgateConnector" else {}))
+            connector_extra_config=self._connector_extra_config())
+
+    def _connector_extra_config(self) -> dict[str, object]:
+        if self.connector == "PdgateConnector":
+            return {"metrics_port": free_port()}  # its own metrics port (sidecar scrape target)
+        if self.connector == "NixlConnector" and self.kv_lease_s is not None:
+            return {"kv_lease_duration": int(self.kv_lease_s)}
+        return {}
 
     def start(self) -> "LocalFleet":
         """Build the model if needed, start every process, wait until all are ready."""
@@ -118,8 +166,17 @@ class LocalFleet:
         return self
 
     def spread_over_cores(self) -> dict[str, int]:
-        """Give each instance's model worker a core of its own (round robin over
-        the allowed CPUs, prefill instances first), as separate GPUs would be.
+        """Give each instance's model worker a core of its own, as separate GPUs
+        would be; with more instances than cores, never put a prefill and a
+        decode instance on one core.
+
+        With ``n_prefill + n_decode`` at most the allowed CPUs, instance ``i``
+        (prefill instances first) gets CPU ``i``. Otherwise the CPUs are split
+        between the roles (:func:`split_cores`) and each role's instances
+        share its CPUs round robin. A KV pull needs both ends to make progress;
+        on one shared core the two spinning vLLM engines and their UCX threads
+        stalled NixlConnector pulls for minutes (1 prefill + 2 decode on 2
+        cores), long enough for the prefill's KV lease to lapse.
 
         Returns:
             url -> the CPU id its worker threads now run on.
@@ -128,10 +185,12 @@ class LocalFleet:
         placed: dict[str, int] = {}
         if not cpus:
             return placed
-        for i, s in enumerate(self.prefill + self.decode):
-            cpu = cpus[i % len(cpus)]
-            if s.pin_model_workers({cpu}):
-                placed[s.url] = cpu
+        pre_cpus, dec_cpus = split_cores(cpus, len(self.prefill), len(self.decode))
+        for pool, servers in ((pre_cpus, self.prefill), (dec_cpus, self.decode)):
+            for i, s in enumerate(servers):
+                cpu = pool[i % len(pool)]
+                if s.pin_model_workers({cpu}):
+                    placed[s.url] = cpu
         return placed
 
     def start_gateway(self) -> None:

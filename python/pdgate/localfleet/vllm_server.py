@@ -24,6 +24,9 @@ import httpx
 
 #: The model name local fleet servers serve (``--served-model-name``).
 SERVED_MODEL_NAME = "tiny-llama"
+NIXL_PROGRESS_DELAY_US = 500
+"""Pause (microseconds) the local fleet gives NIXL's progress thread between
+polls; NIXL's Python agent leaves it at 0, a spinning core per instance."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -118,6 +121,12 @@ class VllmServerSpec:
         env["TRANSFORMERS_OFFLINE"] = "1"
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        if self.connector == "NixlConnector":
+            # NIXL's progress thread polls with no pause (a core per instance);
+            # the hook in _hooks/sitecustomize.py gives it one
+            env.setdefault("PDGATE_NIXL_PROGRESS_DELAY_US", str(NIXL_PROGRESS_DELAY_US))
+            hooks = str(Path(__file__).parent / "_hooks")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks, env.get("PYTHONPATH", "")) if p)
         if self.side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"

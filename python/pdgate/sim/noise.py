@@ -15,6 +15,14 @@ over a gap ``dt``
 1996). ``exp(x)`` is log-normal with median 1, so a profile fitted to median
 measurements keeps its median step. :func:`fit_step_noise` estimates
 ``sigma`` and ``tau_s`` from a series of measured step times.
+
+A step of length ``T`` sees the factor averaged over its span, not one sample
+of it: contention comes in slices much shorter than a long prefill step, so a
+1 s prefill step spreads far less, relative to its length, than a 10 ms
+decode step. The time average of an OU process over ``T`` has variance
+``sigma**2 * v(T / tau_s)`` with ``v(u) = 2 (u - 1 + exp(-u)) / u**2``
+(:func:`averaged_variance_ratio`; e.g. Gardiner, *Stochastic Methods*, 4th
+ed., sec. 3.8.4), so a step's log factor is ``x(t) * sqrt(v(T / tau_s))``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,21 @@ import itertools
 import math
 import random
 import statistics
+
+
+def averaged_variance_ratio(u: float) -> float:
+    """``v(u) = 2 (u - 1 + exp(-u)) / u**2``: the variance of an OU process's
+    time average over ``u`` correlation times, over its stationary variance
+    (1 at ``u = 0``, about ``2 / u`` for large ``u``).
+
+    Raises:
+        ValueError: ``u < 0``.
+    """
+    if u < 0:
+        raise ValueError("u must be >= 0")
+    if u < 1e-4:
+        return 1.0 - u / 3.0
+    return 2.0 * (u - 1.0 + math.exp(-u)) / (u * u)
 
 
 class StepNoise:
@@ -44,15 +67,19 @@ class StepNoise:
         self._x = self._rng.gauss(0.0, sigma) if sigma > 0 else 0.0
         self._t: float | None = None
 
-    def factor(self, now_s: float) -> float:
-        """The multiplier of a step starting at ``now_s`` (simulated seconds, non-decreasing)."""
+    def factor(self, now_s: float, duration_s: float = 0.0) -> float:
+        """The multiplier of a step starting at ``now_s`` (simulated seconds,
+        non-decreasing) that would last ``duration_s`` seconds without noise:
+        ``exp(x(now_s) * sqrt(v(duration_s / tau_s)))`` (module docstring)."""
         if self.sigma == 0:
             return 1.0
         if self._t is not None and now_s > self._t:
             a = math.exp(-(now_s - self._t) / self.tau_s)
             self._x = self._x * a + self.sigma * math.sqrt(1.0 - a * a) * self._rng.gauss(0.0, 1.0)
         self._t = now_s if self._t is None else max(self._t, now_s)
-        return math.exp(self._x)
+        if duration_s <= 0:
+            return math.exp(self._x)
+        return math.exp(self._x * math.sqrt(averaged_variance_ratio(duration_s / self.tau_s)))
 
 
 def fit_step_noise(step_times_s: list[float]) -> tuple[float, float]:
@@ -62,7 +89,10 @@ def fit_step_noise(step_times_s: list[float]) -> tuple[float, float]:
     ``x_i = log(t_i / median)``; ``sigma`` is the standard deviation of ``x``;
     the lag-1 autocorrelation ``rho`` over the median gap ``d`` gives
     ``tau_s = -d / ln(rho)`` (the OU process's autocorrelation is
-    ``exp(-lag / tau)``), clamped to ``[d, 100 d]``. Gaps under a quarter of the
+    ``exp(-lag / tau)``), clamped to ``[d, 100 d]``. Each measured step
+    averaged the factor over its own length ``d``, so the spread seen is
+    ``sigma * sqrt(v(d / tau_s))``: the returned ``sigma`` is the seen one over
+    that root (with ``tau_s = d``, 1.17 times it). Gaps under a quarter of the
     median are dropped (a stream that lags delivers tokens together). Fewer than
     8 usable times, or no spread, give ``(0.0, d)`` (no noise).
     """
@@ -87,4 +117,4 @@ def fit_step_noise(step_times_s: list[float]) -> tuple[float, float]:
         tau = 100 * med
     else:
         tau = min(max(-med / math.log(rho), med), 100 * med)
-    return sigma, tau
+    return sigma / math.sqrt(averaged_variance_ratio(med / tau)), tau

@@ -346,7 +346,8 @@ class Scheduler:
                 decodes.append(req.num_computed + 1)
             else:
                 chunks.append((n, req.num_computed))
-        plan = StepPlan(list(sched.items()), p.step_time(chunks, decodes) * self.noise.factor(now_s),
+        base_s = p.step_time(chunks, decodes)
+        plan = StepPlan(list(sched.items()), base_s * self.noise.factor(now_s, base_s),
                         new_loads, preempted,
                         sum(c for c, _ in chunks), len(decodes))
         return plan
