@@ -61,6 +61,8 @@ allowed = {"libc.so.6", "libm.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2", "l
 with zipfile.ZipFile(sys.argv[1]) as z, tempfile.TemporaryDirectory() as d:
     sos = [n for n in z.namelist() if n.endswith(".so") or ".so." in n]
     assert sos == ["pdgate/_native.abi3.so"], f"unexpected shared objects in the wheel: {sos}"
+    # the local fleet's start-up hook for its vLLM processes (not a package: no __init__.py)
+    assert "pdgate/localfleet/_hooks/sitecustomize.py" in z.namelist(), "localfleet hook missing"
     path = z.extract(sos[0], d)
     out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
     needed = {l.split("[")[1].split("]")[0] for l in out.splitlines() if "(NEEDED)" in l}

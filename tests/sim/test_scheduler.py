@@ -219,3 +219,26 @@ def test_step_noise_scales_step_time_only_when_the_profile_has_it() -> None:
         quiet.finish_step(a, t + 0.5)
         noisy.finish_step(b, t + 0.5)
     assert len({round(r, 6) for r in ratios}) == 20 and min(ratios) < 0.9 and max(ratios) > 1.1
+
+
+def test_step_noise_spread_shrinks_for_steps_longer_than_its_correlation_time() -> None:
+    """Each step passes its own length to the noise (pdgate.sim.noise): a ~1.8 s
+    step under noise with a 50 ms correlation time spreads far less than under
+    noise that stays put for 100 s."""
+    import math
+    import statistics
+
+    def log_ratios(tau_s: float) -> list[float]:
+        s = Scheduler(P.replace(step_noise_sigma=0.5, step_noise_tau_s=tau_s), seed=3)
+        expect = P.step_time([(8, 0)], [])
+        out = []
+        for t in range(300):
+            s.add(req(f"r{t}", 8, out=1))
+            plan = s.schedule(t * 1000.0)            # steps far apart: independent draws
+            out.append(math.log(plan.duration_s / expect))
+            s.finish_step(plan, t * 1000.0 + 2)
+        return out
+
+    slow, fast = statistics.pstdev(log_ratios(100.0)), statistics.pstdev(log_ratios(0.05))
+    assert slow == pytest.approx(0.5, rel=0.2)
+    assert fast < 0.4 * slow

@@ -8,6 +8,9 @@ core when there are at least two.
 
 from __future__ import annotations
 
+import os
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pdgate.localfleet import split_cores
@@ -44,3 +47,26 @@ def test_split_properties(n_cpus: int, n_prefill: int, n_decode: int) -> None:
         # one core per instance, none shared
         assert len(pre) == n_prefill and len(dec) == n_decode
         assert len(set(pre) | set(dec)) == n_prefill + n_decode
+
+
+class StubServer:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pinned: set[int] | None = None
+
+    def pin_model_workers(self, cpus: set[int]) -> int:
+        self.pinned = cpus
+        return 1
+
+
+def test_spread_over_cores_pins_by_the_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdgate.localfleet import LocalFleet
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    fleet = LocalFleet(1, 2, log_dir=None)
+    fleet.prefill = [StubServer("p0")]  # type: ignore[list-item]
+    fleet.decode = [StubServer("d0"), StubServer("d1")]  # type: ignore[list-item]
+    assert fleet.spread_over_cores() == {"p0": 0, "d0": 1, "d1": 1}
+    fleet.prefill = [StubServer("p0"), StubServer("p1")]  # type: ignore[list-item]
+    fleet.decode = [StubServer("d0")]  # type: ignore[list-item]
+    assert fleet.spread_over_cores() == {"p0": 0, "p1": 0, "d0": 1}

@@ -55,3 +55,26 @@ def test_nixl_servers_get_the_hook_and_others_do_not() -> None:
     assert (HOOKS / "sitecustomize.py").is_file()
     plain = VllmServerSpec(model_dir="m", port=1, role="both").env()
     assert str(HOOKS) not in plain.get("PYTHONPATH", "").split(os.pathsep)
+
+
+def test_a_nixl_without_the_expected_bindings_still_imports(capsys: pytest.CaptureFixture[str]) -> None:
+    """If NIXL renamed or sealed its config class, the hook must not break vLLM's import."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("pdgate_hook_probe", HOOKS / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+
+    class Inner:
+        def create_module(self, spec: object) -> None:
+            return None
+
+        def exec_module(self, module: types.ModuleType) -> None:
+            module.something_else = 1  # no nixlAgentConfig
+
+    mod = types.ModuleType("nixl_cu13._bindings")
+    hook._PatchingLoader(Inner(), 500).exec_module(mod)
+    assert mod.something_else == 1
+    assert "NIXL progress delay not applied" in capsys.readouterr().err

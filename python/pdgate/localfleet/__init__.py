@@ -92,7 +92,8 @@ class LocalFleet:
             lease lapses, and vLLM 0.32's decode side does not notice a pull
             that lands after that: it reads whatever the blocks hold by then
             (the prefill only counts "notifs after expiry"). CPU instances can
-            queue a decode leg longer than 30 s.
+            queue a decode leg longer than 30 s. The cost: blocks of a prefill
+            whose decode leg never comes stay held up to this long.
 
     Raises:
         RuntimeError: a server exited or was not ready in time (log tail in

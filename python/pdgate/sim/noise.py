@@ -92,7 +92,10 @@ def fit_step_noise(step_times_s: list[float]) -> tuple[float, float]:
     ``exp(-lag / tau)``), clamped to ``[d, 100 d]``. Each measured step
     averaged the factor over its own length ``d``, so the spread seen is
     ``sigma * sqrt(v(d / tau_s))``: the returned ``sigma`` is the seen one over
-    that root (with ``tau_s = d``, 1.17 times it). Gaps under a quarter of the
+    that root (with ``tau_s = d``, 1.17 times it). ``tau_s`` stays the
+    point-sample estimate: the simulator draws one scaled sample per step, so
+    its consecutive steps keep the lag-1 correlation ``exp(-d / tau_s)`` that
+    was measured (a true running average's would be higher). Gaps under a quarter of the
     median are dropped (a stream that lags delivers tokens together). Fewer than
     8 usable times, or no spread, give ``(0.0, d)`` (no noise).
     """

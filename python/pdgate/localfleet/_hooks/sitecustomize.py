@@ -50,7 +50,10 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        _patch(module, self.delay_us)
+        try:
+            _patch(module, self.delay_us)
+        except Exception as e:  # noqa: BLE001 - a changed NIXL runs unpatched; never fail its import
+            print(f"pdgate local fleet: NIXL progress delay not applied ({e!r})", file=sys.stderr)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
