@@ -44,6 +44,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -110,11 +111,25 @@ class Plain:
         return self.spec.url
 
     def ensure(self) -> VllmServer:
-        if self.server is None or self.server.proc is None or self.server.proc.poll() is not None:
+        """The running server, (re)started if a test killed it: on a new port
+        each time, and one more try if a start is not ready in 150 s (a restart
+        sat silent while the fleet's prefill instance held KV blocks nobody
+        would read, until their lease ran out: 300 s with a 300 s lease)."""
+        if self.server is not None and self.server.proc is not None and self.server.proc.poll() is None:
+            return self.server
+        if self.server is not None:
+            self.server.stop()
+        for attempt in (1, 2):
             if self.server is not None:
-                self.server.stop()
+                self.spec = replace(self.spec, port=free_port())
             self.server = VllmServer(self.spec).start()
-            self.server.wait_ready(300)
+            try:
+                self.server.wait_ready(150)
+                break
+            except RuntimeError:
+                self.server.stop()
+                if attempt == 2:
+                    raise
         return self.server
 
 

@@ -35,12 +35,6 @@ def default_model_dir() -> Path:
     return Path(base) / "tiny-llama"
 
 
-LOCAL_KV_LEASE_S = 300
-"""NixlConnector KV lease (seconds) the local fleet gives its instances: ten
-times vLLM's 30 s default, since a 2-core fleet under a burst can keep a decode
-leg queued past 30 s and a pull after the lease reads recycled blocks."""
-
-
 def split_cores(cpus: list[int], n_prefill: int, n_decode: int) -> tuple[list[int], list[int]]:
     """Split CPU ids between prefill and decode instances.
 
@@ -87,13 +81,14 @@ class LocalFleet:
             its own (:meth:`spread_over_cores`); without it NixlConnector
             runs every worker of the host on its last core.
         kv_lease_s: NixlConnector's ``kv_lease_duration`` (seconds) on every
-            instance, default :data:`LOCAL_KV_LEASE_S`; ``None`` keeps vLLM's
-            30 s. A prefill instance frees a request's KV blocks when its
-            lease lapses, and vLLM 0.32's decode side does not notice a pull
-            that lands after that: it reads whatever the blocks hold by then
-            (the prefill only counts "notifs after expiry"). CPU instances can
-            queue a decode leg longer than 30 s. The cost: blocks of a prefill
-            whose decode leg never comes stay held up to this long.
+            instance; ``None`` (default) keeps vLLM's 30 s. A prefill instance
+            frees a request's KV blocks when its lease lapses, and vLLM 0.32's
+            decode side does not notice a pull that lands after that: it reads
+            whatever the blocks hold by then (the prefill only counts "notifs
+            after expiry"). A longer lease has a cost here: while a prefill
+            instance holds blocks nobody reads, its engine keeps stepping, and
+            with 300 s a vLLM server starting meanwhile on the same 2 cores
+            did not come up until the lease ran out.
 
     Raises:
         RuntimeError: a server exited or was not ready in time (log tail in
@@ -104,7 +99,7 @@ class LocalFleet:
                  connector_module: str | None = None, model_dir: str | os.PathLike[str] | None = None,
                  max_model_len: int = 4096, log_dir: str | None = None, gateway: bool = True,
                  gateway_args: list[str] | None = None, ready_timeout_s: float = 420.0,
-                 pin_cores: bool = True, kv_lease_s: int | None = LOCAL_KV_LEASE_S) -> None:
+                 pin_cores: bool = True, kv_lease_s: int | None = None) -> None:
         self.n_prefill = n_prefill
         self.n_decode = n_decode
         self.connector = connector
