@@ -70,3 +70,15 @@ def test_spread_over_cores_pins_by_the_split(monkeypatch: pytest.MonkeyPatch) ->
     fleet.prefill = [StubServer("p0"), StubServer("p1")]  # type: ignore[list-item]
     fleet.decode = [StubServer("d0")]  # type: ignore[list-item]
     assert fleet.spread_over_cores() == {"p0": 0, "p1": 0, "d0": 1}
+
+
+def test_free_port_stays_below_the_ephemeral_range_and_never_repeats() -> None:
+    """Ports handed out for later binding come from below the kernel's
+    ephemeral range (no other process's bind(0) can take them meanwhile)."""
+    from pdgate.localfleet.vllm_server import _ephemeral_low, free_port
+
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == 300
+    low = _ephemeral_low()
+    if low - max(1024, low - 12000) >= 1000:
+        assert all(max(1024, low - 12000) <= p < low for p in ports)

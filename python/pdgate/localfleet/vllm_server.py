@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,8 +30,42 @@ NIXL_PROGRESS_DELAY_US = 500
 polls; NIXL's Python agent leaves it at 0, a spinning core per instance."""
 
 
+_HANDED_OUT: set[int] = set()  # ports this process returned (not yet bound by their user)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on ``host`` at the time of the call."""
+    """Return a TCP port that was free on ``host`` at the time of the call.
+
+    The port is drawn below the kernel's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``), from the 12,000 ports under
+    it: a port handed out for later use (vLLM binds its NixlConnector side
+    channel a minute after start) must not be one the kernel gives the next
+    ``bind(0)`` or outgoing connection of another process. One such collision
+    kept a CI fleet from starting (``ZMQError: Address already in use``).
+    Never returns a port it returned before in this process. Falls back to
+    ``bind(0)`` when that range is too small or full.
+    """
+    low = _ephemeral_low()
+    lo = max(1024, low - 12000)
+    if low - lo >= 1000:
+        for _ in range(200):
+            port = random.randrange(lo, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                _HANDED_OUT.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
