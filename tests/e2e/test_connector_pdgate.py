@@ -51,10 +51,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     os.environ["PDGATE_KV_LEASE_TTL_S"] = str(LEASE_TTL_S)
     os.environ["PDGATE_KV_TRANSFER_TIMEOUT_S"] = "10"
     module = "pdgate.connector" if connector == "PdgateConnector" else None
-    # kv_lease_s=None: NixlConnector keeps vLLM's 30 s lease, which the leak
-    # check below waits out
-    f = LocalFleet(1, 1, connector=connector, connector_module=module, log_dir=log_dir, max_model_len=MAX_LEN,
-                   kv_lease_s=None)
+    f = LocalFleet(1, 1, connector=connector, connector_module=module, log_dir=log_dir, max_model_len=MAX_LEN)
     try:
         f.start()
     finally:
