@@ -223,6 +223,10 @@ def test_late_read_is_recomputed_not_stale(fleet: LocalFleet) -> None:
     params = prefill_leg(fleet, a)
     assert params.get("pdgate_lease")
     time.sleep(LEASE_TTL_S + 2)
+    # A pull that ended while decode was idle (the disconnect test's aborted
+    # reads) is only counted at decode's next engine step: take one first.
+    complete(fleet.decode_urls[0], body(prompt_ids(20, seed=62), max_tokens=2))
+    time.sleep(0.5)
     f0 = metric(fleet.decode_urls[0], "vllm:pdgate_kv_transfer_failures_total")
     out = token_ids(complete(fleet.decode_urls[0], {**body(b), "kv_transfer_params": params}))
     assert out == ref_b
