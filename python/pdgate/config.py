@@ -550,7 +550,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """
     text = Path(path).read_text()
     if str(path).endswith((".yaml", ".yml")):
-        import yaml
+        import yaml  # type: ignore[import-untyped]
 
         data = yaml.safe_load(text) or {}
     else:

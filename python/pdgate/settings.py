@@ -324,7 +324,7 @@ def dump_config(config: GatewayConfig, fmt: Literal["yaml", "json"] = "yaml") ->
     data = config.model_dump(mode="json", by_alias=True)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     return str(yaml.safe_dump(data, sort_keys=False))
 

@@ -303,11 +303,11 @@ async def _run(cfg: SoakConfig, gw: GatewayProcess, fleet: SimFleetProcess) -> d
         await asyncio.gather(*tasks)
         snaps.append((time.monotonic() - t_start, _added_buckets((await probe_client.get(gw.url + "/metrics")).text)))
         stop.set()
-        for b in bg:
-            b.cancel()
+        for task in bg:
+            task.cancel()
         await asyncio.gather(*bg, return_exceptions=True)
         elapsed = time.monotonic() - t_start
-    windows = []
+    windows: list[dict[str, Any]] = []
     for (t0, a), (t1, b) in zip(snaps, snaps[1:]):
         p50, p99 = hist_quantile(a, b, 0.5), hist_quantile(a, b, 0.99)
         vals = [x for t, x in probes if t0 <= t < t1]

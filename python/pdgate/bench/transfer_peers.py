@@ -92,7 +92,7 @@ class Child:
         r, _, _ = select.select([self.p.stdout], [], [], timeout)
         if not r:
             self.close()
-            raise TimeoutError(f"child {self.p.args} timed out")
+            raise TimeoutError(f"child {self.p.args!r} timed out")
         deadline = time.monotonic() + timeout
         while True:
             line = self.p.stdout.readline()
@@ -102,7 +102,7 @@ class Child:
                 return json.loads(line[len(MARK) :])
             # a library's own chatter on stdout: skip it
             if time.monotonic() > deadline:
-                raise TimeoutError(f"child {self.p.args} timed out")
+                raise TimeoutError(f"child {self.p.args!r} timed out")
 
     def call(self, msg: dict[str, Any], timeout: float = 600.0) -> Any:
         assert self.p.stdin is not None
@@ -166,7 +166,7 @@ def role_pdgate_owner(tls: str) -> None:
 
 
 def role_nixl(side: str, spec_json: str) -> None:
-    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._api import nixl_agent, nixl_agent_config  # type: ignore[import-untyped]
 
     spec = json.loads(spec_json)
     layers, n, blen = spec["layers"], spec["n"], spec["blen"]
@@ -263,7 +263,7 @@ def run_nixl(
 
 
 def role_ucxx(side: str, spec_json: str) -> None:
-    import ucxx
+    import ucxx  # type: ignore[import-untyped]
 
     spec = json.loads(spec_json)
     layers, n, blen = spec["layers"], spec["n"], spec["blen"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -98,12 +98,12 @@ class PdgatePromMetrics(KVConnectorPromMetrics):
             return create_metric_per_engine(self._counter_cls(name=name, documentation=doc,
                                                               labelnames=labelnames), per)
 
-        hist = self._histogram_cls(
+        hist = cast(Any, self._histogram_cls)(
             name="vllm:pdgate_kv_transfer_seconds",
             documentation="Duration of one PdgateConnector KV pull (decode side).",
             buckets=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
             labelnames=labelnames)
-        self.h_seconds = create_metric_per_engine(hist, per)
+        self.h_seconds: dict[int, Any] = create_metric_per_engine(hist, per)
         self.c_bytes = counter("vllm:pdgate_kv_transfer_bytes", "Bytes of KV pulled by PdgateConnector.")
         self.c_xfers = counter("vllm:pdgate_kv_transfers", "Successful PdgateConnector KV pulls.")
         self.c_fail = counter("vllm:pdgate_kv_transfer_failures",

@@ -73,7 +73,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
-    _loads = json.loads
+    _loads = json.loads  # type: ignore[assignment]
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _CONNECT_BACKOFF_S = 0.2  # first wait before reconnecting to the last decode candidate; doubles, at most 1 s

@@ -112,7 +112,7 @@ def build_tiny_model(
     hf_tok.save_pretrained(out)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # torch_dtype: read by transformers, absent from its stubs
         vocab_size=len(hf_tok),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import IO
 from pathlib import Path
 
 import httpx
@@ -174,7 +175,7 @@ class VllmServer:
     def __init__(self, spec: VllmServerSpec) -> None:
         self.spec = spec
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:

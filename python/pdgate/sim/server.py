@@ -162,7 +162,12 @@ class SimInstance:
 
     async def _hang(self, conn: Conn) -> None:
         gone = asyncio.get_running_loop().create_future()
-        conn.on_disconnect(lambda: gone.done() or gone.set_result(None))
+
+        def left() -> None:
+            if not gone.done():
+                gone.set_result(None)
+
+        conn.on_disconnect(left)
         await gone
         raise DropConnection("client left a hanging request")
 
