@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import IO
 from pathlib import Path
+from typing import IO
 
 import httpx
 
