@@ -5,7 +5,11 @@ with exact timing; this module injects the same faults into real vLLM
 processes, where they are real: a hang is ``SIGSTOP`` of the API server
 process (its socket still accepts connections, nothing answers), a crash is
 ``SIGKILL`` of the server's whole process group, a 4xx is vLLM's own
-validation refusing a prompt over the prefill instance's context, and "no
+validation refusing a prompt over the prefill instance's context, a 5xx is
+vLLM's own 500 from an API server whose engine core process was killed
+(``SIGKILL`` of ``EngineCore`` alone; the server runs with vLLM's
+``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``, so it keeps answering, as a real
+instance does until an orchestrator restarts it), and "no
 ``kv_transfer_params``" is a prefill instance started without a KV
 connector. Each test runs its own in-process gateway (short timeouts) over
 the package's 1P1D NixlConnector fleet plus one plain server (no connector,
@@ -21,6 +25,8 @@ prefill hangs                          fallback after ``timeouts.prefill_s``:
                                        exact answer, the leg aborted on vLLM
 prefill answers 400 (prompt over its   fallback: exact answer from decode
 context)
+prefill answers 500 (its engine core   fallback: exact answer from decode
+died)
 prefill answers without
 ``kv_transfer_params``                 fallback: exact answer from decode
 prefill crashes after answering,       decode's KV pull fails, vLLM recomputes
@@ -48,6 +54,8 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import psutil
+from httpx_sse import EventSource
 import pytest
 from pdgate.config import GatewayConfig
 from pdgate.gateway import create_app
@@ -103,7 +111,10 @@ class Plain:
                                    log_path=str(fleet.log_dir / "plain.log"),
                                    # no torch.compile: starts in seconds; its outputs are never
                                    # compared (it only fails, refuses or hangs in these tests)
-                                   extra_args=["-O0", "--enforce-eager"])
+                                   extra_args=["-O0", "--enforce-eager"],
+                                   # the API server outlives a killed engine core and
+                                   # answers 500 (the prefill 5xx test)
+                                   extra_env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
         self.server: VllmServer | None = None
 
     @property
@@ -250,6 +261,47 @@ def test_prefill_4xx_falls_back(vllm_fleet: LocalFleet, plain: Plain) -> None:
         gw.close()
 
 
+def engine_core_of(server: VllmServer) -> psutil.Process:
+    """The server's engine core child process (vLLM titles it ``VLLM::EngineCore``)."""
+    for child in psutil.Process(pid_of(server)).children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no EngineCore process under pid {pid_of(server)}")
+
+
+def test_prefill_5xx_falls_back(vllm_fleet: LocalFleet, plain: Plain) -> None:
+    """The plain prefill instance's engine core is killed; its API server lives
+    on and answers every request with vLLM's own 500 (EngineDeadError)."""
+    server = plain.ensure()
+    req = body(prompt_ids(120, seed=709), max_tokens=8)
+    ref = reference(vllm_fleet, req)
+    core = engine_core_of(server)
+    core.kill()
+    core.wait(30)
+    gw: Gateway | None = None
+    try:
+        wait_until(lambda: httpx.get(plain.url + "/health", timeout=5).status_code == 503, 60,
+                   "dead engine reported by /health")
+        direct = httpx.post(plain.url + "/v1/completions", json=req, timeout=60)
+        assert direct.status_code == 500, (direct.status_code, direct.text)   # the fault is real
+        assert server.proc is not None and server.proc.poll() is None      # and it keeps answering
+        gw = Gateway([plain.url], vllm_fleet.decode_urls)
+        assert token_ids(complete(gw.url, req)) == ref
+        assert stream_completion(gw.url, req)[0] == ref
+        m = gw.metrics()
+        assert metric(m, 'pdgate_prefill_fallbacks_total{reason="http_5xx"}') == 2, m
+        assert metric(m, 'pdgate_requests_total{outcome="success",route="decode_only"}') == 2, m
+    finally:
+        if gw is not None:
+            gw.close()
+        # an API server over a dead engine looks alive to ensure(): stop it
+        if plain.server is not None:
+            plain.server.stop()
+
+
 def test_decode_crash_mid_stream_sends_sse_error(vllm_fleet: LocalFleet, plain: Plain) -> None:
     server = plain.ensure()
     gw = Gateway(vllm_fleet.prefill_urls, [plain.url])
@@ -259,9 +311,8 @@ def test_decode_crash_mid_stream_sends_sse_error(vllm_fleet: LocalFleet, plain: 
         t0 = time.monotonic()
         with httpx.stream("POST", gw.url + "/v1/completions", json=req, timeout=60) as r:
             assert r.status_code == 200
-            for line in r.iter_lines():
-                if not line:
-                    continue
+            for event in EventSource(r).iter_sse():
+                line = "data: " + event.data
                 lines.append(line)
                 if sum(1 for x in lines if '"choices"' in x) == 5 and server.proc and server.proc.poll() is None:
                     kill_group(server)
@@ -291,9 +342,9 @@ def test_decode_crash_before_first_token_is_retried(vllm_fleet: LocalFleet, plai
                 ids: list[int] = []
                 async with client.stream("POST", gw.url + "/v1/completions", json={**r, "stream": True}) as resp:
                     assert resp.status_code == 200
-                    async for line in resp.aiter_lines():
-                        if line.startswith("data: {"):
-                            obj = json.loads(line[6:])
+                    async for event in EventSource(resp).aiter_sse():
+                        if event.data.startswith("{"):
+                            obj = json.loads(event.data)
                             assert "error" not in obj, obj
                             for ch in obj.get("choices", []):
                                 ids += ch.get("token_ids") or []
@@ -348,6 +399,9 @@ def test_decode_hang_times_out_and_is_ejected(vllm_fleet: LocalFleet) -> None:
     finally:
         os.kill(pid, signal.SIGCONT)
     try:
+        # re-admission is bounded from recovery: first the resumed vLLM must
+        # answer /health again (under load it can take seconds to catch up)
+        wait_until(lambda: healthy(d.url), 60, "resumed decode instance answers /health")
         wait_until(lambda: inst.routable(), 1.0 + 0.3 + 0.5 + 10, "resumed decode instance re-admitted")
         assert token_ids(complete(watcher.url, req)) == ref
         assert metric(watcher.metrics(), f'pdgate_instance_ejections_total{{instance="{d.url}",role="decode"}}') == 1

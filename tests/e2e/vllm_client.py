@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 
 MODEL = "tiny-llama"
 
@@ -47,10 +48,12 @@ def stream_completion(url: str, req: dict[str, Any], endpoint: str = "completion
     with httpx.stream("POST", f"{url}/v1/{endpoint}", json={**req, "stream": True}, timeout=timeout) as r:
         assert r.status_code == 200, r.read()
         ctype = r.headers["content-type"]
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        # CR/LF-only SSE lines: vLLM leaves U+2028, U+0085, ... raw in its
+        # JSON, and httpx's iter_lines would split a chunk there
+        for event in EventSource(r).iter_sse():
+            if not event.data or event.data == "[DONE]":
                 continue
-            obj = json.loads(line[6:])
+            obj = json.loads(event.data)
             assert "error" not in obj, obj
             for ch in obj.get("choices", []):
                 ids += ch.get("token_ids") or []

@@ -26,7 +26,8 @@ def _plan(arrivals, out_tokens=3, prompt_tokens=4):
 
 
 def _chunk(text="x"):
-    return f"data: {json.dumps({'choices': [{'index': 0, 'text': text}]})}\n\n".encode()
+    # raw non-ASCII, as vLLM sends it (U+2028 and U+0085 stay unescaped in JSON)
+    return f"data: {json.dumps({'choices': [{'index': 0, 'text': text}]}, ensure_ascii=False)}\n\n".encode()
 
 
 def _usage(n_prompt, n_out):
@@ -34,9 +35,13 @@ def _usage(n_prompt, n_out):
     return f"data: {json.dumps({'choices': [], 'usage': u})}\n\n".encode()
 
 
+UNICODE_BREAKS = ["a\u2028b", "\x85", "c\u2029", "\x1c\x1d\x1e", "\x0b\x0c"]
+
+
 def fake_transport(behaviour, ttft=0.05, itl=0.02):
     """MockTransport streaming ``max_tokens`` chunks; ``behaviour[prompt[0]]``
-    selects: "500", "stream_error", "hang", "empty", ("slow", ttft_s)."""
+    selects: "500", "stream_error", "hang", "empty", "unicode_breaks" (token
+    texts holding Unicode line breaks that are not SSE line ends), ("slow", ttft_s)."""
     calls = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
@@ -59,7 +64,7 @@ def fake_transport(behaviour, ttft=0.05, itl=0.02):
             for k in range(body["max_tokens"]):
                 if k:
                     await asyncio.sleep(itl)
-                yield _chunk()
+                yield _chunk(UNICODE_BREAKS[k % len(UNICODE_BREAKS)] if kind == "unicode_breaks" else "x")
                 if kind == "stream_error":
                     yield b'data: {"error": {"message": "oops", "code": 500}}\n\n'
                     return
@@ -93,6 +98,16 @@ async def test_payload_timing_and_metrics():
     assert res.duration_s >= 0.1 + 0.05 + 3 * 0.02
     report = format_report(res)
     assert "Trace scaling: trace fake.csv" in report and "TTFT" in report
+
+
+async def test_token_texts_with_unicode_line_breaks_are_one_chunk_each():
+    """SSE lines end at CR, LF or CRLF only: a token text holding U+2028,
+    U+0085, ... (raw inside vLLM's JSON) must not split its chunk."""
+    transport, _ = fake_transport({0: "unicode_breaks"})
+    res = await run_replay("http://fake", "m", _plan([0.0], out_tokens=5), prompts=[[0]], transport=transport)
+    rec = res.records[0]
+    assert not rec.error and rec.success, rec.error
+    assert len(rec.chunk_times_s) == 5 and rec.output_tokens == 5
 
 
 async def test_open_loop_sends_not_delayed_by_slow_responses():

@@ -36,3 +36,15 @@ def test_usage_with_content_in_one_chunk() -> None:
     stats = StreamStats(arrival=0.0)
     buf = bytearray(ev({"choices": [{"index": 0, "text": "x"}], "usage": {"completion_tokens": 1}}))
     assert scan_sse_events(buf, stats, 1.0) == 1 and stats.usage_tokens == 1
+
+
+def test_unicode_line_breaks_inside_token_text_do_not_split_events() -> None:
+    """vLLM leaves U+2028, U+2029 and U+0085 raw in its JSON; only a blank
+    line (LF LF) ends an SSE event."""
+    texts = ["a\u2028b", "\x85", "c\u2029"]
+    raw = b"".join(b"data: " + json.dumps({"choices": [{"index": 0, "text": t}]},
+                                          ensure_ascii=False).encode() + b"\n\n" for t in texts)
+    stats = StreamStats(arrival=0.0)
+    buf = bytearray(raw)
+    assert scan_sse_events(buf, stats, 1.0) == 3
+    assert stats.tokens == 3 and not buf

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 
 from pdgate.bench.metrics import (
     DEFAULT_PERCENTILES,
@@ -166,10 +167,12 @@ async def _stream_one(client: httpx.AsyncClient, url: str, body: bytes, rec: Req
         if resp.status_code != 200:
             rec.error = _error_text(resp.status_code, await resp.aread())
             return
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # blank separators, ": ping" comments, event: lines
-            data = line[5:].strip()
+        # SSE lines end only at CR/LF (httpx's aiter_lines also splits on
+        # U+2028, U+0085, ..., which vLLM leaves raw inside JSON strings)
+        async for event in EventSource(resp).aiter_sse():
+            data = event.data.strip()
+            if not data:
+                continue
             if data == "[DONE]":
                 break
             try:

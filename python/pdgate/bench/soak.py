@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 import numpy as np
 
 from pdgate.bench.procs import GatewayProcess, SimFleetProcess
@@ -111,12 +112,11 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                     return
                 chunks = 0
                 last = None
-                async for line in r.aiter_lines():
-                    if not line:
-                        continue
+                async for event in EventSource(r).aiter_sse():   # CR/LF lines only
+                    line = "data: " + event.data
                     last = line
-                    if line.startswith("data: {"):
-                        obj = json.loads(line[6:])
+                    if event.data.startswith("{"):
+                        obj = json.loads(event.data)
                         if _is_error_json(obj):
                             out.add_error(int(obj["error"].get("code") or 502))
                             return

@@ -93,6 +93,9 @@ class VllmServerSpec:
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` in GiB.
         extra_args: more CLI flags appended verbatim.
         log_path: where stdout/stderr go.
+        extra_env: environment variables set for the server last (they
+            override the defaults below), e.g.
+            ``{"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}``.
     """
 
     model_dir: str
@@ -106,6 +109,7 @@ class VllmServerSpec:
     connector_extra_config: dict[str, object] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     log_path: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -166,6 +170,7 @@ class VllmServerSpec:
         if self.side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+        env.update(self.extra_env)
         return env
 
 

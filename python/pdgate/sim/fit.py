@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -49,8 +50,8 @@ async def _stream_times(c: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
     t0 = time.perf_counter()
     times: list[float] = []
     async with c.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data:") and '"choices":[{' in line.replace(" ", ""):
+        async for event in EventSource(r).aiter_sse():   # CR/LF lines only
+            if '"choices":[{' in event.data.replace(" ", ""):
                 times.append(time.perf_counter() - t0)
     return times[0], [b - a for a, b in zip(times, times[1:])]
 
