@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 VENV=${PDGATE_VENV:-.venv}
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup: Python >= 3.10 is needed (${PY:-no python3 found}: $("$PY" --version 2>&1 | head -1)); set PYTHON=/path/to/python3.x" >&2
+  exit 1
+fi
 if ! command -v cargo >/dev/null; then
   echo "setup: a Rust toolchain (cargo) is needed to build pdgate from source: https://rustup.rs" >&2
   exit 1
