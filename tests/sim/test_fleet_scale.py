@@ -46,7 +46,7 @@ def test_hundreds_of_streams_across_twelve_instances() -> None:
 def test_cli_sim_fleet_prints_urls_and_serves(tmp_path) -> None:  # type: ignore[no-untyped-def]
     info = tmp_path / "info.json"
     p = subprocess.Popen([sys.executable, "-m", "pdgate", "sim-fleet", "--prefill", "1", "--decode", "2",
-                          "--profile", "h100-llama3-8b", "--time-scale", "5", "--info", str(info),
+                          "--profile", "h100-llama3-8b", "--speed", "5", "--info", str(info),
                           "--set", "max_num_seqs=8"], stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()  # type: ignore[union-attr]

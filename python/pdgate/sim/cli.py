@@ -30,8 +30,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--both", type=int, default=0, help="aggregated instances (prefill and decode)")
     p.add_argument("--profile", default="cpu-tiny",
                    help="profile name (a100-dsv2-lite, h100-llama3-8b, cpu-tiny) or YAML path")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="simulated seconds per wall second (10 = ten times faster than real time)")
+    # --speed, as in bench/goodput.py; --time-scale is the older name (not
+    # replay.py's --time-scale, which stretches a trace's inter-arrival gaps)
+    p.add_argument("--speed", "--time-scale", dest="time_scale", type=float, default=1.0, metavar="X",
+                   help="simulated seconds per wall second (10 = ten times faster than real time); "
+                        "--time-scale is an alias")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     p.add_argument("--port", type=int, default=0, help="first port; instances take consecutive ports "
                                                        "(default: free ports)")
