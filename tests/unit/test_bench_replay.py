@@ -281,3 +281,21 @@ def test_cli_exit_nonzero_when_all_fail(trace_slice, free_port, tmp_path):
     d = json.loads(out.read_text())
     assert d["counts"]["failed"] == 2 and d["scaling"].startswith("trace slice.jsonl")
     assert main(["--model", "m", "--trace", str(trace_slice), "--start", "1e6", "--vocab-size", "10"]) == 2
+
+
+def test_local_fleet_checks_trace_window_and_slos_before_starting(trace_slice, tmp_path, monkeypatch, capsys):
+    """A missing trace, an empty window or a bad SLO ends with exit 2 and a
+    one-line error before the local fleet (minutes of vLLM start-up) starts."""
+    import pdgate.localfleet as lf
+
+    started = []
+    monkeypatch.setattr(lf.LocalFleet, "__enter__", lambda self: started.append(self) or self)
+    missing = str(tmp_path / "nope.csv")
+    assert main(["--local-fleet", "--trace", missing]) == 2
+    assert f"error: cannot read the trace {missing}: No such file or directory" in capsys.readouterr().err
+    assert main(["--local-fleet", "--trace", str(trace_slice), "--start", "1e6"]) == 2
+    assert "error: no request in the window" in capsys.readouterr().err
+    assert main(["--local-fleet", "--trace", str(trace_slice), "--slo", "foo:1"]) == 2
+    assert "error: bad SLO 'foo:1'" in capsys.readouterr().err
+    assert started == []
+    assert main(["--model", "m", "--vocab-size", "10", "--trace", missing]) == 2   # without the fleet too

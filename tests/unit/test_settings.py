@@ -163,3 +163,15 @@ def test_sim_fleet_flags_from_file_and_env(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not one of"):
         apply_file_env_defaults(sim, None, {"PDGATE_SIM_FLEET_SCHEDULING_POLICY": "lifo"}, "PDGATE_SIM_FLEET_")
     assert main(["sim-fleet", "--config", str(bad)]) == 2
+
+
+def test_sim_fleet_refuses_bad_counts_and_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Usage errors exit 2 with one line, before any instance starts."""
+    assert main(["sim-fleet", "--speed", "0"]) == 2
+    assert "pdgate sim-fleet: --speed must be > 0 (got 0)" in capsys.readouterr().err
+    assert main(["sim-fleet", "--time-scale", "-1"]) == 2
+    assert "--speed must be > 0" in capsys.readouterr().err
+    assert main(["sim-fleet", "--prefill", "0", "--decode", "0"]) == 2
+    assert "at least one instance" in capsys.readouterr().err
+    assert main(["sim-fleet", "--prefill", "-1", "--decode", "2"]) == 2
+    assert "instance counts must be >= 0" in capsys.readouterr().err

