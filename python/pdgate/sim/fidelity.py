@@ -14,10 +14,11 @@ within ``tolerance`` (relative to the real value).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 from pdgate.bench.prompts import PromptSynthesizer
 from pdgate.bench.replay import run_replay
@@ -51,26 +52,41 @@ def compare(real: dict[str, float], sim: dict[str, float], tolerance: float = 0.
             "ok": all(abs(e) <= tolerance for e in errs.values()) and sim["failed"] == 0 and real["failed"] == 0}
 
 
-def replay(url: str, model: str, plan: ReplayPlan, vocab_size: int = 512, seed: int = 0) -> dict[str, float]:
+def replay_result(url: str, model: str, plan: ReplayPlan, vocab_size: int = 512, seed: int = 0) -> Any:
+    """Replay ``plan`` against ``url`` with token-id prompts drawn from ``seed``; the
+    :class:`pdgate.bench.replay.ReplayResult` (per-request records, seconds)."""
     prompts = PromptSynthesizer(None, seed=seed, vocab_size=vocab_size).synthesize_all(plan)
-    res = asyncio.run(run_replay(url, model, plan, prompts=prompts, request_timeout_s=300))
+    return asyncio.run(run_replay(url, model, plan, prompts=prompts, request_timeout_s=300))
+
+
+def replay(url: str, model: str, plan: ReplayPlan, vocab_size: int = 512, seed: int = 0) -> dict[str, float]:
+    """:func:`replay_result`, summarized (:func:`summarize`, plus the error counts)."""
+    res = replay_result(url, model, plan, vocab_size, seed)
     out = summarize(res)
     out["errors"] = dict(res.metrics.errors)  # type: ignore[assignment]
     return out
 
 
-def replay_behind_router(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan,
-                         router: str = "vllm-router", seed: int = 0) -> dict[str, float]:
-    """Start ``router`` (``vllm-router`` or ``pdgate``) over the instances and replay ``plan`` through it."""
+@contextlib.contextmanager
+def router_url(prefill: list[str], decode: list[str], router: str = "vllm-router") -> Iterator[str]:
+    """A ``router`` process (``vllm-router`` round_robin, or ``pdgate``) over the instances,
+    running for the ``with`` block; yields its base url."""
     from pdgate.sim.harness import RouterSpec, start_router
 
     log_dir = tempfile.mkdtemp(prefix="pdgate-fidelity-")
     spec = RouterSpec(router, router, "pd", {"policy": "round_robin"} if router == "vllm-router" else {})
     proc, url = start_router(spec, {"prefill": prefill, "decode": decode}, log_dir)
     try:
-        return replay(url, model, plan, seed=seed)
+        yield url
     finally:
         proc.stop()
+
+
+def replay_behind_router(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan,
+                         router: str = "vllm-router", seed: int = 0) -> dict[str, float]:
+    """Start ``router`` (``vllm-router`` or ``pdgate``) over the instances and replay ``plan`` through it."""
+    with router_url(prefill, decode, router) as url:
+        return replay(url, model, plan, seed=seed)
 
 
 def warm_up(prefill: list[str], decode: list[str], model: str, plan: ReplayPlan,
