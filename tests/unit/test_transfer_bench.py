@@ -71,3 +71,35 @@ def test_summary_target_uses_best_vs_best() -> None:
     s = res["summary"]["tcp"]
     assert s["target_ceiling_90pct_met"] is False
     assert s["below_90pct_best_vs_best"] == {"raw 1024KiB latency": 0.85}
+
+
+@pytest.mark.parametrize("nbytes", [4096, 65536, 262144, 4 << 20])
+@pytest.mark.parametrize("fill", [True, False])
+def test_bench_buffers_are_page_aligned_like_perftests(nbytes: int, fill: bool) -> None:
+    """ucx_perftest moves page-aligned buffers (UCP_MEM_MAP_ALLOCATE); numpy's large
+    buffers start 16 bytes into a page, so the bench aligns its own."""
+    import mmap
+
+    from pdgate.bench.transfer_peers import PAGE, alloc
+
+    a = alloc(nbytes, fill)
+    assert a.ctypes.data % mmap.PAGESIZE == 0
+    assert a.nbytes == nbytes and a.flags["C_CONTIGUOUS"] and a.flags["WRITEABLE"]
+    if fill:  # the per-64-KiB-page pattern the byte checks rely on
+        assert a[0] == 1 and (nbytes <= PAGE or a[PAGE] == 2)
+    else:
+        assert not a.any()
+
+
+def test_raw_cases_read_one_block_as_perftests_window_reads_one_buffer() -> None:
+    """ucx_perftest's window of GETs reads one message buffer; the raw cases match
+    its footprint (a distinct-block window would be a DRAM-bound figure beside a
+    cache-resident ceiling)."""
+    bw, lat = tb.make_cases("raw", 1)
+    assert bw["name"] == "bandwidth" and lat["name"] == "latency"
+    assert bw["transfers"] == [([0], [0])] * tb.WINDOW
+    assert lat["transfers"] == [([0], [0])]
+    contiguous, fragmented = tb.make_cases("kv", 64)
+    assert contiguous["transfers"] == [(list(range(64)), list(range(64)))]
+    loc, rem = fragmented["transfers"][0]
+    assert sorted(loc) == sorted(rem) == list(range(64))   # every block of the prompt once

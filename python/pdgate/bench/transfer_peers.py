@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import mmap
 import os
 import re
 import select
@@ -52,7 +53,19 @@ def ucx_env(tls: str) -> dict[str, str]:
 
 
 def alloc(nbytes: int, fill: bool) -> np.ndarray:
-    a = np.empty(nbytes, dtype=np.uint8)
+    """A page-aligned uint8 buffer of ``nbytes`` bytes, every page touched
+    (``fill``: a per-64-KiB-page pattern, else zeros).
+
+    Page-aligned as ``ucx_perftest``'s buffers are (``ucp_mem_map`` with
+    ``UCP_MEM_MAP_ALLOCATE``): numpy's own large buffers start 16 bytes into a
+    page (glibc's mmap chunk header), so every transfer would span one page
+    more than perftest's and copy unaligned, which is the buffer's cost, not the
+    engine's.
+    """
+    os_page = mmap.PAGESIZE
+    base = np.empty(nbytes + os_page, dtype=np.uint8)
+    off = (-base.ctypes.data) % os_page
+    a = base[off:off + nbytes]
     if fill:
         rows = a.reshape(-1, min(PAGE, nbytes))
         rows[:] = (np.arange(rows.shape[0]) % 251 + 1).astype(np.uint8)[:, None]
