@@ -9,9 +9,10 @@ behind vllm-router (prompts of a seed of their own each time, so vLLM's prefix
 cache never answers). After one more calibration the simulator is fitted to
 the first and last calibration and the same window is replayed ``--sim-repeats``
 times on a simulated 1P1D fleet. Prints, per request, TTFT (ms) of every real
-and simulated replay and TPOT (ms), then the run-to-run spread of the real
-side's p50/p90 against the simulator's; writes everything (per-request chunk
-times in seconds on the replay clock, calibrations, fitted profile) as JSON.
+and simulated replay and TPOT (ms; both as the summary's percentiles define them,
+``pdgate.bench.metrics.RequestRecord``), then the run-to-run spread of the real
+side's p50/p90 against the simulator's; writes everything (per-request records
+with their ttft_s/tpot_s, seconds on the replay clock; calibrations, fitted profile) as JSON.
 
     .venv/bin/python bench/fidelity_breakdown.py --out bench/results/fidelity_breakdown.json
 
@@ -40,21 +41,14 @@ def replay_records(prefill: list[str], decode: list[str], model: str, plan: Any,
     """One replay of ``plan`` behind vllm-router (round_robin); summary (seconds) and per-request records."""
     with F.router_url(prefill, decode) as url:
         res = F.replay_result(url, model, plan, seed=seed)
-    recs = [{"index": r.index, "prompt_tokens": r.prompt_tokens, "max_tokens": r.max_tokens,
-             "scheduled_s": r.scheduled_s, "send_s": r.send_s, "chunk_times_s": r.chunk_times_s,
-             "end_s": r.end_s, "success": r.success} for r in res.records]
+    # RequestRecord.to_dict: the record plus its ttft_s/tpot_s, as the summary's percentiles define them
+    recs = [r.to_dict() for r in res.records]
     return {"summary": F.summarize(res), "records": recs}
 
 
-def ttft_ms(r: dict[str, Any]) -> float | None:
-    c = r["chunk_times_s"]
-    return 1000 * (c[0] - r["send_s"]) if c and r["send_s"] is not None else None
-
-
-def tpot_ms(r: dict[str, Any]) -> float | None:
-    """Mean gap per output token after the first (ms): (last chunk - first chunk) / (max_tokens - 1)."""
-    c = r["chunk_times_s"]
-    return 1000 * (c[-1] - c[0]) / (r["max_tokens"] - 1) if len(c) > 1 and r["max_tokens"] > 1 else None
+def ms(v: float | None) -> float | None:
+    """Seconds to milliseconds (None stays None: a failed request, or TPOT of one token)."""
+    return None if v is None else 1000 * v
 
 
 def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> str:
@@ -67,8 +61,8 @@ def table(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> str:
         rr = [x["records"][i] for x in real]
         ss = [x["records"][i] for x in sim]
         lines.append(" ".join([f"{i:3d} {r0['scheduled_s']:9.1f} {r0['prompt_tokens']:6d} {r0['max_tokens']:3d} |",
-                               *[cell(ttft_ms(x)) for x in rr], "|", *[cell(ttft_ms(x)) for x in ss], "|",
-                               *[cell(tpot_ms(x), 5) for x in rr], "|", *[cell(tpot_ms(x), 5) for x in ss]]))
+                               *[cell(ms(x["ttft_s"])) for x in rr], "|", *[cell(ms(x["ttft_s"])) for x in ss], "|",
+                               *[cell(ms(x["tpot_s"]), 5) for x in rr], "|", *[cell(ms(x["tpot_s"]), 5) for x in ss]]))
     return "\n".join(lines)
 
 

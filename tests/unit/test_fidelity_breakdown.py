@@ -6,6 +6,7 @@ import importlib.util
 import pathlib
 
 import pytest
+from pdgate.bench.metrics import RequestRecord
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "fidelity_breakdown.py"
 
@@ -20,20 +21,24 @@ def fb():
 
 
 def rec(send: float, chunks: list[float], max_tokens: int) -> dict:
-    return {"index": 0, "prompt_tokens": 100, "max_tokens": max_tokens, "scheduled_s": send, "send_s": send,
-            "chunk_times_s": chunks, "end_s": chunks[-1] if chunks else None, "success": bool(chunks)}
+    """A record as the tool stores it: ``RequestRecord.to_dict`` (with derived ttft_s/tpot_s)."""
+    return RequestRecord(scheduled_s=send, send_s=send, chunk_times_s=chunks, end_s=chunks[-1] if chunks else None,
+                         prompt_tokens=100, max_tokens=max_tokens, success=bool(chunks)).to_dict()
 
 
 def run(summary: dict, records: list[dict]) -> dict:
     return {"summary": summary, "records": records}
 
 
-def test_ttft_and_tpot_per_request(fb) -> None:
+def test_per_request_figures_are_the_records_own(fb) -> None:
+    """The table shows RequestRecord's TTFT/TPOT (the summary's definitions), in ms."""
     r = rec(1.0, [1.25, 1.30, 1.35, 1.45], 4)
-    assert fb.ttft_ms(r) == pytest.approx(250.0)
-    assert fb.tpot_ms(r) == pytest.approx(200.0 / 3)
-    assert fb.ttft_ms(rec(1.0, [], 4)) is None          # failed request: no figure, no crash
-    assert fb.tpot_ms(rec(1.0, [1.2], 1)) is None        # one output token: no TPOT
+    assert fb.ms(r["ttft_s"]) == pytest.approx(250.0)
+    assert fb.ms(r["tpot_s"]) == pytest.approx(200.0 / 3)
+    assert fb.ms(rec(1.0, [], 4)["ttft_s"]) is None       # failed request: no figure, no crash
+    assert fb.ms(rec(1.0, [1.2], 1)["tpot_s"]) is None     # one output token: no TPOT
+    line = fb.table([{"records": [r]}], [{"records": [r]}]).splitlines()[1].split("|")
+    assert line[1].split() == ["250"] and line[3].split() == ["67"]
 
 
 def test_spread_is_against_the_real_median(fb) -> None:
