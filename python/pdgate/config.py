@@ -210,6 +210,43 @@ class GoodputConfig(_Strict):
     max_deflected_per_decode: int = Field(default=1, ge=1)
 
 
+class PooledConfig(_Strict):
+    """``pooled`` route policy: late binding over the goodput route's options.
+
+    Requests wait in one gateway-wide queue; each is routed when an
+    executor has room for it: a prefill instance (P/D path) or a decode
+    instance (deflected prefill). Kept short on purpose, the instances' own
+    queues never hold work another instance could start sooner.
+
+    Attributes:
+        order: ``fcfs`` (arrival order; shortest tail) or ``sjf`` (shorter
+            prompts first, with aging; most requests on time).
+        max_queue_s: an instance takes more work only while the prefill work
+            already there is predicted to drain within this (seconds).
+        max_in_flight: prefills in flight per prefill instance.
+        max_local_prefills: prompts a decode instance prefills itself at once
+            (deflected and fallback prefills together), while they are
+            predicted to be done within ``max_queue_s``.
+        long_threshold_tokens / aging_rate: ``sjf`` order key: the request's
+            priority class plus one unit per ``long_threshold_tokens`` prompt
+            tokens, minus ``aging_rate`` units per second waited.
+        max_wait_s: entries that waited longer go first whatever the order.
+        scan: queue entries tried per dispatch round (bounds the work per event).
+        tick_s: while requests wait, dispatch also runs this often (seconds),
+            beside the events that free capacity.
+    """
+
+    order: Literal["fcfs", "sjf"] = "fcfs"
+    max_queue_s: float = Field(default=0.2, gt=0)
+    max_in_flight: int = Field(default=4, ge=1)
+    max_local_prefills: int = Field(default=4, ge=1)
+    long_threshold_tokens: int = Field(default=1000, ge=1)
+    aging_rate: float = Field(default=0.5, ge=0)
+    max_wait_s: float = Field(default=30.0, gt=0)
+    scan: int = Field(default=8, ge=1)
+    tick_s: float = Field(default=0.02, gt=0)
+
+
 class PredictorConfig(_Strict):
     """Latency predictor coefficients (see :mod:`pdgate.predictor`).
 
@@ -473,6 +510,7 @@ class GatewayConfig(_Strict):
     priority: PriorityConfig = Field(default_factory=PriorityConfig)
     deflection: DeflectionConfig = Field(default_factory=DeflectionConfig)
     goodput: GoodputConfig = Field(default_factory=GoodputConfig)
+    pooled: PooledConfig = Field(default_factory=PooledConfig)
     slo: SloConfig = Field(default_factory=SloConfig)
     predictor: PredictorConfig = Field(default_factory=PredictorConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
@@ -527,6 +565,9 @@ class GatewayConfig(_Strict):
             names = available_policies(kind)
             if name is not None and name not in names:
                 raise ValueError(f"unknown {field} {name!r}; available: {sorted(names)}")
+        if self.route_policy == "pooled" and self.admission_policy != "none":
+            raise ValueError("route_policy 'pooled' is its own admission (one gateway-wide queue): "
+                             f"admission_policy must be 'none', not {self.admission_policy!r}")
         return self
 
     def instances(self) -> list[InstanceConfig]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pdgate.config import GatewayConfig, HealthConfig, PoolRange, Role
 from pdgate.health import CircuitBreaker, breaker_for
@@ -55,6 +55,8 @@ class Instance:
         breaker: circuit breaker (:mod:`pdgate.health`); an open one ejects
             the instance from routing.
         draining: set through the admin API: no new requests, in-flight ones finish.
+        listener: called (no arguments, outside the lock) when a prefill or a
+            decode here ends: capacity may have freed (late-binding dispatch).
     """
 
     url: str
@@ -73,6 +75,7 @@ class Instance:
     scraped_at: float = 0.0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker, repr=False, compare=False)
     draining: bool = False
+    listener: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def routable(self) -> bool:
@@ -104,6 +107,8 @@ class Instance:
             n = self.prefill_jobs.pop(request_id, None)
             if n is not None:
                 self.outstanding_prefill_tokens = max(0, self.outstanding_prefill_tokens - n)
+        if n is not None and self.listener is not None:
+            self.listener()
 
     def queue_ahead(self) -> list[int]:
         """Prompt tokens a new on-time request would wait behind (deferred ones excluded)."""
@@ -143,6 +148,8 @@ class Instance:
             if job is not None:
                 self.decode_batch = max(0, self.decode_batch - 1)
                 self.kv_tokens = max(0, self.kv_tokens - int(job[0]))
+        if job is not None and self.listener is not None:
+            self.listener()
 
     def decode_tpot_slos(self) -> list[float]:
         """TPOT targets (seconds) of the requests decoding here that stated one."""

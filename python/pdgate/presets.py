@@ -48,6 +48,13 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         return {**common, "route_policy": "goodput", "admission_policy": "request_parallel",
                 "goodput": {"max_deflected_per_decode": max_deflected, "others_weight": 1.0}}
 
+    def pooled(order: str, queue_s: float = 0.4) -> dict[str, Any]:
+        """Late binding: one gateway-wide queue, each request routed when a prefill instance
+        or a decode instance (deflection) has room for it."""
+        return {**common, "route_policy": "pooled", "goodput": {"others_weight": 1.0},
+                "pooled": {"order": order, "max_queue_s": queue_s / speed, "aging_rate": 0.5 * speed,
+                           "max_wait_s": 30.0 / speed, "tick_s": 0.02 / speed}}
+
     alternate = ["short", "long"] * 32
     return {
         "request_parallel": {**common, "admission_policy": "request_parallel"},
@@ -67,6 +74,11 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         # absorbs more of a prefill overload (bench/results/goodput_quick.md)
         "goodput+sjf+d4": goodput_sjf(4),
         "goodput+fcfs+d4": goodput_fcfs(4),
+        # late binding (``pooled``): one gateway-wide queue, each request routed when a prefill
+        # instance, or (prefill path congested) a decode instance, has room for it; an executor
+        # takes work while what it holds drains within 0.4 simulated s (about one full prefill step)
+        "pooled": pooled("fcfs"),
+        "pooled+sjf": pooled("sjf"),
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

@@ -206,3 +206,35 @@ def test_aging_bounds_the_wait(fleet_1p1d: SimFleet) -> None:
     bounded = low_wait(0.4)
     unbounded = low_wait(None)
     assert bounded < 1.0 < unbounded
+
+
+def test_pooled_holds_a_burst_at_the_gateway_and_routes_it_as_capacity_frees(fleet_1p2d: SimFleet) -> None:
+    """Late binding: idle requests go P/D at once; a burst waits in the gateway's queue and each
+    request goes to whichever executor frees first (the prefill instance, or a decode instance
+    for a deflected prefill while the prefill instance is busy). None is lost or left counted."""
+    gw = Gateway(fleet_1p2d, route_policy="pooled",
+                 pooled={"max_queue_s": 0.2, "max_local_prefills": 1, "tick_s": 0.01})
+    try:
+        for i in range(3):                                # idle: one at a time, no waiting
+            assert httpx.post(gw.url + "/v1/completions", json=body(1500, i, stream=False), timeout=30).status_code == 200
+        m = gw.metrics()
+        assert counter(m, 'pdgate_route_decisions_total{choice="pd"') == 3
+        assert counter(m, "pdgate_admission_wait_seconds_count") == 0
+
+        async def burst() -> list[tuple[float, float]]:
+            async with httpx.AsyncClient() as c:
+                return await asyncio.gather(*(timed(c, gw.url, body(1500, 10 + i), delay=0.01 * i)
+                                              for i in range(12)))
+        res = run(burst())
+        assert len(res) == 12
+        m = gw.metrics()
+        assert counter(m, "pdgate_admission_wait_seconds_count") >= 3    # held at the gateway, then routed
+        deflected = counter(m, 'pdgate_route_decisions_total{choice="deflect"')
+        assert deflected >= 2
+        assert counter(m, 'pdgate_requests_total{outcome="success",route="deflect"}') == deflected
+        assert counter(m, 'pdgate_requests_total{outcome="success",route="pd"}') == 15 - deflected
+        assert counter(m, "pdgate_admission_waiting_requests") == 0
+        h = httpx.get(gw.url + "/health").json()["instances"]
+        assert all(i["in_flight"] == 0 and i["prefill_jobs"] == 0 and i["deflected_in_flight"] == 0 for i in h)
+    finally:
+        gw.close()

@@ -13,7 +13,7 @@ from tests.fakes import request, snapshot_fleet
 
 def test_registry_kinds() -> None:
     assert set(available_policies("instance")) >= {"round_robin", "least_load", "power_of_two", "prefix_aware"}
-    assert set(available_policies("route")) == {"pd", "dedicated", "deflection", "goodput"}
+    assert set(available_policies("route")) == {"pd", "dedicated", "deflection", "goodput", "pooled"}
     assert set(available_policies("admission")) == {"none", "request_parallel", "priority", "deadline"}
 
 

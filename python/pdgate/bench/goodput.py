@@ -89,9 +89,10 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
     admission preset of :func:`pdgate.presets.routing_presets` (predictor seeded from ``profile``,
     SLOs and clocks scaled to the simulator's ``speed``); the aggregated reference.
 
-    The quick set keeps the route presets and pdgate's best (``goodput+sjf``, ``goodput+sjf+d4``) and drops the
-    admission-only presets and ``goodput+fcfs+d4``, the ``power_of_two`` and ``prefix_aware`` instance policies and the
-    second aggregated router (to stay under 10 minutes)."""
+    The quick set keeps the route presets and pdgate's best (``pooled+sjf``, ``goodput+sjf+d4``) and drops the
+    admission-only presets, ``goodput+sjf``, ``goodput+fcfs+d4`` and ``pooled`` (first come first served), the
+    ``power_of_two`` and ``prefix_aware`` instance policies and the second aggregated router (to stay under 10
+    minutes)."""
     from pdgate.presets import routing_presets
 
     out = [RouterSpec(f"vllm-router/{p}", "vllm-router", "pd", {"policy": p})
@@ -101,7 +102,7 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
             continue
         out.append(RouterSpec(f"pdgate/{p}", "pdgate", "pd", {"prefill_policy": p, "decode_policy": p}))
     presets = routing_presets(profile, speed, slo_ttft_s, slo_tpot_s, sim_words=True)
-    full_suite_only = {"request_parallel", "priority", "goodput+deadline", "goodput+fcfs+d4"}
+    full_suite_only = {"request_parallel", "priority", "goodput+deadline", "goodput+fcfs+d4", "goodput+sjf", "pooled"}
     for label, cfg in presets.items():
         if quick and label in full_suite_only:
             continue
@@ -163,6 +164,7 @@ def run_one(spec: RouterSpec, trace_name: str, trace: Any, fleet: str, rate: flo
             "prefix_hit_rate": hits / queries if queries else 0.0,
             "mean_loop_lag_ms": 1000.0 * lag_s / lag_n if lag_n else 0.0,
             "per_instance_requests": {u: v.get("vllm:request_success_total", 0) for u, v in stats.items()},
+            "per_instance_prompt_tokens": {u: v.get("vllm:prompt_tokens_total", 0) for u, v in stats.items()},
         },
     }
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from pdgate.bench.procs import GatewayProcess, SimFleetProcess
 from pdgate.bench.traces import load_azure_csv
-from pdgate.gateway.proxy import PREFILL_KV_PARAMS
+from pdgate.gateway.bodies import PREFILL_KV_PARAMS
 
 MODEL = "sim-model"
 

@@ -36,7 +36,6 @@ same ``X-Request-Id``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -46,6 +45,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from pdgate.config import GatewayConfig
 from pdgate.fleet import Fleet, Instance
+from pdgate.gateway.bodies import PREFILL_KV_PARAMS, _dumps, _loads, prefill_body  # noqa: F401 (re-exported)
 from pdgate.gateway.context import trace_headers
 from pdgate.gateway.errors import GatewayError
 from pdgate.gateway.legs import DecodeLeg, int_or_none
@@ -55,62 +55,18 @@ from pdgate.metrics import GatewayMetrics
 from pdgate.policies import RequestInfo, RouteContext, RouteDecision, create_policy
 from pdgate.predictor import LatencyPredictor
 from pdgate.state.admission import AsyncAdmission
+from pdgate.state.dispatch import LateBinding
 from pdgate.state.tokens import TokenCounter
 
 log = logging.getLogger("pdgate.proxy")
 
-try:  # orjson (when installed) encodes a long token-id prompt ~50x faster than json
-    import orjson as _orjson
-
-    def _dumps(obj: Any) -> bytes:
-        try:
-            return _orjson.dumps(obj)
-        except TypeError:  # orjson.JSONEncodeError: e.g. integers over 64 bits
-            return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = _orjson.loads
-except ImportError:  # pragma: no cover - depends on the environment
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = json.loads  # type: ignore[assignment]
-
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _CONNECT_BACKOFF_S = 0.2  # first wait before reconnecting to the last decode candidate; doubles, at most 1 s
-
-#: The request-side ``kv_transfer_params`` that asks a prefill instance to
-#: keep the KV cache for a remote decode (vLLM NixlConnector protocol).
-PREFILL_KV_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 #: Client headers forwarded to both legs (everything else is dropped); the
 #: W3C trace context (``traceparent``, ``tracestate``) is added by
 #: :func:`pdgate.gateway.context.trace_headers` (validated, or a new trace).
 FORWARDED_HEADERS = ("authorization",)
-
-
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The prefill leg's body derived from the client's (a new dict).
-
-    ``max_tokens`` (and ``max_completion_tokens`` when given) become 1,
-    ``stream`` false; ``stream_options`` and ``min_tokens`` are removed
-    because vLLM rejects or mis-handles them on a 1-token non-stream request.
-    """
-    p = dict(body)
-    p["max_tokens"] = 1
-    if "max_completion_tokens" in p:
-        p["max_completion_tokens"] = 1
-    p["stream"] = False
-    p.pop("stream_options", None)
-    p.pop("min_tokens", None)
-    p["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
-    return p
 
 
 class _Retry(Exception):
@@ -148,6 +104,10 @@ class PDProxy(RelayMixin):
         self.ctx = RouteContext(fleet, self.prefill_policy, self.decode_policy, self.predictor, config)
         self.admission = AsyncAdmission(self.admission_policy.aging_rate,
                                         self.admission_policy.max_wait_s, metrics)
+        # a late-binding route (``pooled``) routes from one gateway-wide queue when capacity frees
+        self.pool = (LateBinding(self.ctx, self.route_policy, scan=config.pooled.scan,
+                                 tick_s=config.pooled.tick_s, metrics=metrics)
+                     if getattr(self.route_policy, "late_binding", False) else None)
         self._dispatched: dict[str, dict[str, int]] = {}  # url -> {request id: tokens} sent for prefill
         t = config.timeouts
         self._prefill_timeout = httpx.Timeout(t.prefill_s, connect=t.connect_s)
@@ -212,6 +172,22 @@ class PDProxy(RelayMixin):
         except ValueError as e:  # no candidates of some role
             log.warning("route policy %s failed for %s: %r", self.route_policy.name, info.request_id, e)
             d = RouteDecision("decode_only")
+        return self._counted(d, info)
+
+    async def place(self, info: RequestInfo,
+                    disconnected: Callable[[], Awaitable[Any]] | None = None) -> RouteDecision:
+        """The route decision: at once, or (late-binding route) once the
+        gateway-wide queue dispatches the request.
+
+        Raises:
+            asyncio.CancelledError / GatewayError(499): cancelled or the client left while queued.
+        """
+        if self.pool is None:
+            return self.decide(info)
+        d = await self._unless_gone(asyncio.ensure_future(self.pool.place(info)), disconnected)
+        return self._counted(d, info)
+
+    def _counted(self, d: RouteDecision, info: RequestInfo) -> RouteDecision:
         self.metrics.route_decisions.labels(self.route_policy.name, d.choice).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %s: policy=%s choice=%s prefill=%s decode=%s tokens=%s predicted=%s",
@@ -231,7 +207,16 @@ class PDProxy(RelayMixin):
         ticket = self.admission_policy.ticket(info, inst)
         if ticket is None:
             return None
-        wait = asyncio.ensure_future(self.admission.wait(ticket.lanes, ticket.priority))
+        return await self._unless_gone(asyncio.ensure_future(self.admission.wait(ticket.lanes, ticket.priority)),
+                                       disconnected)
+
+    @staticmethod
+    async def _unless_gone(wait: "asyncio.Future[Any]", disconnected: Callable[[], Awaitable[Any]] | None) -> Any:
+        """``wait``'s result, unless the client leaves first (``wait`` is cancelled).
+
+        Raises:
+            GatewayError(499): the client disconnected first.
+        """
         if disconnected is None:
             return await wait
         watch = asyncio.ensure_future(disconnected())
@@ -337,7 +322,11 @@ class PDProxy(RelayMixin):
         if self.config.priority.forward_to_vllm and "priority" not in body:
             body["priority"] = info.priority
         headers = self._headers(client_headers, request_id)
-        decision = self.decide(info)
+        try:
+            decision = await self.place(info, disconnected)
+        except (GatewayError, asyncio.CancelledError):
+            self.metrics.requests.labels("none", "cancelled").inc()
+            raise
         info.doomed = decision.predicted.get("miss", 0.0) >= 1.0
         kv_params = None
         prefill_span = 0.0

@@ -2,7 +2,8 @@
 
 Instance policies (``prefill_policy`` / ``decode_policy``): ``round_robin``,
 ``least_load``, ``power_of_two``, ``prefix_aware``. Route policies
-(``route_policy``): ``pd``, ``dedicated``, ``deflection``, ``goodput``.
+(``route_policy``): ``pd``, ``dedicated``, ``deflection``, ``goodput``,
+``pooled`` (late binding).
 Admission policies (``admission_policy``): ``none``, ``request_parallel``,
 ``priority``, ``deadline``. Importing this package registers them all.
 """
@@ -20,6 +21,7 @@ from pdgate.policies import (  # noqa: F401  (registers)
     dedicated as _dedicated,
     deflection as _deflection,
     goodput as _goodput,
+    pooled as _pooled,
     no_admission as _no_admission,
     request_parallel as _request_parallel,
     priority as _priority,

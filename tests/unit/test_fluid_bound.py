@@ -1,0 +1,53 @@
+"""The fluid TTFT bound (``pdgate.bench.fluid``): exact small cases."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pdgate.bench.fluid import fluid_ttft, main, prefill_capacity
+
+
+def test_fcfs_serves_in_arrival_order() -> None:
+    assert np.allclose(fluid_ttft([0.0, 0.0], [100, 10], 10.0, "fcfs"), [10.0, 11.0])
+    assert np.allclose(fluid_ttft([0.0, 1.0], [100, 10], 10.0, "fcfs"), [10.0, 10.0])
+
+
+def test_srpt_preempts_for_a_shorter_remaining_prompt() -> None:
+    assert np.allclose(fluid_ttft([0.0, 0.0], [100, 10], 10.0, "srpt"), [11.0, 1.0])
+    # the long one has 90 tokens left when the short one arrives at t=1: the short goes first
+    assert np.allclose(fluid_ttft([0.0, 1.0], [100, 10], 10.0, "srpt"), [11.0, 1.0])
+    # idle gaps are not counted
+    assert np.allclose(fluid_ttft([0.0, 50.0], [10, 10], 10.0, "srpt"), [1.0, 1.0])
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError):
+        fluid_ttft([0.0], [1], 0.0)
+    with pytest.raises(ValueError):
+        fluid_ttft([0.0], [1, 2], 1.0)
+    with pytest.raises(ValueError):
+        fluid_ttft([0.0], [1], 1.0, "lifo")
+
+
+def test_prefill_capacity_from_the_step_model() -> None:
+    prof = SimpleNamespace(max_num_batched_tokens=1000, step_base_s=0.01, prefill_token_s=1e-5,
+                           decode_seq_s=1e-3)
+    assert prefill_capacity(prof) == pytest.approx(1000 / 0.02)
+    # 100 decodes take 100 tokens of the budget and 0.1 s of the step
+    assert prefill_capacity(prof, 1000, 100) == pytest.approx(900 / (0.01 + 900e-5 + 0.1))
+
+
+def test_cli_writes_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    out = tmp_path / "fluid.json"
+    assert main(["--rates", "3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {(r["capacity"], r["order"]): r for r in doc["rows"]}
+    # more capacity never hurts, SRPT's p50 never exceeds FCFS's
+    lo, hi = rows[("prefill instances", "fcfs")], rows[("prefill + decode instances", "fcfs")]
+    assert hi["p95_s"] < lo["p95_s"]
+    assert rows[("prefill instances", "srpt")]["p50_s"] <= lo["p50_s"]
