@@ -58,7 +58,8 @@ def fluid_ttft(arrivals_s: Sequence[float], tokens: Sequence[int], capacity_tps:
     a = np.asarray(arrivals_s, dtype=float)
     rem = np.asarray(tokens, dtype=float).copy()
     out = np.zeros(len(a))
-    now, i, heap = 0.0, 0, []  # heap of (key, index)
+    now, i = 0.0, 0
+    heap: list[tuple[float, int]] = []  # (key, index)
     while i < len(a) or heap:
         if not heap:
             now = max(now, a[i])
