@@ -2,9 +2,10 @@
 
 Deflected requests (the decode instance computes the prompt itself, no KV
 transfer) and P/D requests must return the same greedy token ids as one
-server alone. Two in-process gateways front the same fleet: ``deflection``
-(which deflects only under a burst) and ``goodput`` with a predictor that
-makes KV transfer prohibitively slow, so it deflects every request.
+server alone. In-process gateways front the same fleet: ``deflection``
+(which deflects only under a burst), ``goodput`` with a predictor that
+makes KV transfer prohibitively slow, so it deflects every request, and
+``pooled`` (late binding) under a burst.
 """
 
 from __future__ import annotations
@@ -109,6 +110,36 @@ def test_burst_mixes_deflected_and_pd_all_token_exact(fleet_1p2d: LocalFleet) ->
         r = body(prompt_ids(250, seed=700), max_tokens=10)
         assert token_ids(complete(gw.url, r)) == reference(fleet_1p2d, r)
         assert gw.counter('pdgate_route_decisions_total{choice="pd"') == pd + 1
+    finally:
+        gw.close()
+
+
+def test_pooled_late_binding_burst_all_token_exact(fleet_1p2d: LocalFleet) -> None:
+    """``pooled``: a burst waits in the gateway's queue and is routed as capacity frees,
+    to the prefill instance (P/D) or, while it is full, deflected to a decode instance;
+    every answer equals the single-server greedy reference and nothing stays counted."""
+    gw = InProcessGateway(fleet_1p2d, route_policy="pooled",
+                          pooled={"max_queue_s": 0.05, "max_in_flight": 2, "max_local_prefills": 1,
+                                  "tick_s": 0.01},
+                          slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
+    try:
+        reqs = [body(prompt_ids(300 + 40 * i, seed=800 + i), max_tokens=10) for i in range(12)]
+        refs = [reference(fleet_1p2d, r) for r in reqs]
+
+        async def burst() -> list[list[int]]:
+            async with httpx.AsyncClient() as c:
+                return await asyncio.gather(*(acomplete(c, gw.url, r) for r in reqs))
+
+        assert asyncio.run(burst()) == refs
+        deflected = gw.counter('pdgate_route_decisions_total{choice="deflect"')
+        pd = gw.counter('pdgate_route_decisions_total{choice="pd"')
+        assert deflected >= 1 and pd >= 1 and deflected + pd == 12
+        assert gw.counter("pdgate_admission_wait_seconds_count") >= 1     # held at the gateway
+        assert gw.counter('pdgate_requests_total{outcome="success",route="deflect"}') == deflected
+        assert gw.counter('pdgate_requests_total{outcome="success",route="pd"}') == pd
+        assert gw.counter("pdgate_admission_waiting_requests") == 0
+        inst = httpx.get(gw.url + "/health").json()["instances"]
+        assert all(i["in_flight"] == 0 and i["prefill_jobs"] == 0 and i["deflected_in_flight"] == 0 for i in inst)
     finally:
         gw.close()
 

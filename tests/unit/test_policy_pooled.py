@@ -72,10 +72,15 @@ def test_no_deflection_that_pushes_decoding_requests_past_their_tpot_slo() -> No
     assert d is not None and d.kind == "deflect"
 
 
-def test_without_prefill_instances_it_is_decode_only_at_once() -> None:
+def test_without_prefill_or_decode_instances_it_is_decode_only_at_once() -> None:
     _, ctx, pol = setup(n_p=0)
     d = pol.place(ctx, request(100))
     assert d is not None and d.kind == "decode_only"
+    f, ctx, pol = setup(n_p=1, n_d=1)
+    f.by_role("prefill")[0].add_prefill("q", 4000)      # prefill instance full ...
+    f.by_role("decode")[0].draining = True               # ... and no routable decode instance
+    d = pol.place(ctx, request(100))
+    assert d is not None and d.kind == "decode_only"     # the decode leg then answers 503, no wait
 
 
 def test_pooled_refuses_a_second_admission_queue() -> None:

@@ -105,11 +105,13 @@ class PooledRoute(GoodputRoute):
         """The cheapest option for ``req`` among the free executors, or ``None``
         to keep it waiting (no free executor, or only deflections that would push
         requests decoding there past their TPOT SLO). With no routable prefill
-        instance it is ``decode_only`` at once (the decode policy picks)."""
-        if not ctx.fleet.candidates("prefill"):
+        instance it is ``decode_only`` at once (the decode policy picks); with no
+        routable decode instance too, so that the request fails at once (503)
+        instead of waiting for capacity that cannot come."""
+        dec = ctx.fleet.candidates("decode")
+        if not ctx.fleet.candidates("prefill") or not dec:  # nothing to wait for: the legs fail or go decode-only
             return RouteDecision("decode_only")
         pre = [p for p in ctx.fleet.candidates("prefill") if self.prefill_free(ctx, p)]
-        dec = ctx.fleet.candidates("decode")
         w = self.cfg.others_weight
         best: tuple[float, float, RouteDecision] | None = None
         for d in dec:

@@ -132,7 +132,7 @@ class LateBinding:
         """One dispatch round: the first ``scan`` waiting requests in the policy's
         order each take a free executor the policy accepts for them."""
         self._scheduled = False
-        if self._waiting:
+        if self._waiting and self.policy.has_capacity(self.ctx):
             now = time.monotonic()
             key = self.policy.order_key
             order = sorted(self._waiting.values(), key=lambda e: key(e.info, now - e.t0, e.seq))
@@ -140,7 +140,7 @@ class LateBinding:
                 if e.fut.done():
                     self._waiting.pop(e.seq, None)
                     continue
-                if not self.policy.has_capacity(self.ctx):
+                if e is not order[0] and not self.policy.has_capacity(self.ctx):
                     break
                 try:
                     d = self.policy.place(self.ctx, e.info)
