@@ -53,6 +53,24 @@ def reference(fleet: LocalFleet, req: dict) -> list[int]:
     return token_ids(complete(fleet.prefill_urls[0], req))
 
 
+def burst_token_exact(fleet: LocalFleet, gw: InProcessGateway, sizes_seeds: list[tuple[int, int]]) -> tuple[float, float]:
+    """Send a burst of greedy requests (prompt tokens, seed) at once through ``gw``; assert each
+    answer equals the single-server reference and that both deflected and P/D requests were among
+    them. Returns the (deflect, pd) decision counts."""
+    reqs = [body(prompt_ids(n, seed=seed), max_tokens=10) for n, seed in sizes_seeds]
+    refs = [reference(fleet, r) for r in reqs]
+
+    async def burst() -> list[list[int]]:
+        async with httpx.AsyncClient() as c:
+            return await asyncio.gather(*(acomplete(c, gw.url, r) for r in reqs))
+
+    assert asyncio.run(burst()) == refs
+    deflected = gw.counter('pdgate_route_decisions_total{choice="deflect"')
+    pd = gw.counter('pdgate_route_decisions_total{choice="pd"')
+    assert deflected >= 1 and pd >= 1 and deflected + pd == len(reqs)
+    return deflected, pd
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")
 def test_prefill_worker_shares_no_core_with_a_decode_worker(fleet_1p2d: LocalFleet) -> None:
     """Three instances on two cores: the decode instances share a core, the
@@ -94,17 +112,7 @@ def test_burst_mixes_deflected_and_pd_all_token_exact(fleet_1p2d: LocalFleet) ->
     gw = InProcessGateway(fleet_1p2d, route_policy="deflection", decode_policy="least_load",
                           slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
     try:
-        reqs = [body(prompt_ids(200 + 40 * i, seed=600 + i), max_tokens=10) for i in range(12)]
-        refs = [reference(fleet_1p2d, r) for r in reqs]
-
-        async def burst() -> list[list[int]]:
-            async with httpx.AsyncClient() as c:
-                return await asyncio.gather(*(acomplete(c, gw.url, r) for r in reqs))
-
-        assert asyncio.run(burst()) == refs
-        deflected = gw.counter('pdgate_route_decisions_total{choice="deflect"')
-        pd = gw.counter('pdgate_route_decisions_total{choice="pd"')
-        assert deflected >= 1 and pd >= 1 and deflected + pd == 12
+        deflected, pd = burst_token_exact(fleet_1p2d, gw, [(200 + 40 * i, 600 + i) for i in range(12)])
         assert gw.counter('pdgate_requests_total{outcome="success",route="pd"}') == pd
         # idle again: one request at a time takes the P/D path
         r = body(prompt_ids(250, seed=700), max_tokens=10)
@@ -123,17 +131,7 @@ def test_pooled_late_binding_burst_all_token_exact(fleet_1p2d: LocalFleet) -> No
                                   "tick_s": 0.01},
                           slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
     try:
-        reqs = [body(prompt_ids(300 + 40 * i, seed=800 + i), max_tokens=10) for i in range(12)]
-        refs = [reference(fleet_1p2d, r) for r in reqs]
-
-        async def burst() -> list[list[int]]:
-            async with httpx.AsyncClient() as c:
-                return await asyncio.gather(*(acomplete(c, gw.url, r) for r in reqs))
-
-        assert asyncio.run(burst()) == refs
-        deflected = gw.counter('pdgate_route_decisions_total{choice="deflect"')
-        pd = gw.counter('pdgate_route_decisions_total{choice="pd"')
-        assert deflected >= 1 and pd >= 1 and deflected + pd == 12
+        deflected, pd = burst_token_exact(fleet_1p2d, gw, [(300 + 40 * i, 800 + i) for i in range(12)])
         assert gw.counter("pdgate_admission_wait_seconds_count") >= 1     # held at the gateway
         assert gw.counter('pdgate_requests_total{outcome="success",route="deflect"}') == deflected
         assert gw.counter('pdgate_requests_total{outcome="success",route="pd"}') == pd

@@ -110,15 +110,20 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 10))
 
 
-def test_queue_dispatches_when_capacity_frees_and_in_order() -> None:
+def busy_1p1d() -> tuple[Any, Any, Any, Any]:
+    """1P1D with both executors full: (fleet, ctx, policy, prefill instance)."""
     f, ctx, pol = setup(n_d=1, max_local_prefills=1)
     p0 = f.by_role("prefill")[0]
-    (d0,) = f.by_role("decode")
+    p0.add_prefill("busy-p", 4000)
+    f.by_role("decode")[0].add_prefill("busy-d", 4000)
+    return f, ctx, pol, p0
+
+
+def test_queue_dispatches_when_capacity_frees_and_in_order() -> None:
+    f, ctx, pol, p0 = busy_1p1d()
 
     async def go() -> list[tuple[str, RouteDecision]]:
         lb = LateBinding(ctx, pol, tick_s=5.0)            # long tick: the events must do it
-        p0.add_prefill("busy-p", 4000)
-        d0.add_prefill("busy-d", 4000)
         got: list[tuple[str, RouteDecision]] = []
 
         async def one(rid: str, n: int) -> None:
@@ -141,14 +146,10 @@ def test_queue_dispatches_when_capacity_frees_and_in_order() -> None:
 
 
 def test_ticker_dispatches_without_an_event() -> None:
-    f, ctx, pol = setup(n_d=1, max_local_prefills=1)
-    p0 = f.by_role("prefill")[0]
-    (d0,) = f.by_role("decode")
+    f, ctx, pol, p0 = busy_1p1d()
 
     async def go() -> RouteDecision:
         lb = LateBinding(ctx, pol, tick_s=0.01)
-        p0.add_prefill("busy-p", 4000)
-        d0.add_prefill("busy-d", 4000)
         t = asyncio.ensure_future(lb.place(request(500, rid="x")))
         await asyncio.sleep(0.03)
         assert not t.done()
@@ -160,14 +161,10 @@ def test_ticker_dispatches_without_an_event() -> None:
 
 
 def test_cancelled_waiter_leaves_the_queue_and_its_reservation() -> None:
-    f, ctx, pol = setup(n_d=1, max_local_prefills=1)
-    p0 = f.by_role("prefill")[0]
-    (d0,) = f.by_role("decode")
+    f, ctx, pol, p0 = busy_1p1d()
 
     async def go() -> None:
         lb = LateBinding(ctx, pol, tick_s=5.0)
-        p0.add_prefill("busy-p", 4000)
-        d0.add_prefill("busy-d", 4000)
         t = asyncio.ensure_future(lb.place(request(500, rid="gone")))
         await asyncio.sleep(0.01)
         t.cancel()

@@ -55,28 +55,37 @@ class GoodputRoute:
             return 0.0
         return 0.01 * sum(1 for i in insts if i.pool is not None and i.pool != pool)
 
+    def pd_option(self, ctx: RouteContext, p: Instance, d: Instance,
+                  req: RequestInfo) -> tuple[float, int, RouteDecision]:
+        """(cost, requests decoding on ``d`` pushed past their TPOT SLO, decision) of P/D on (``p``, ``d``)."""
+        pr = pd_prediction(ctx, p, d, req)
+        others = slowed_past_slo(d, pr["step_before_s"], pr["step_after_s"] - pr["step_before_s"])
+        own = self._self_cost(pr, req)
+        cost = own + self.cfg.others_weight * others + self._pool_penalty(ctx, [p, d], req)
+        return cost, others, RouteDecision("pd", prefill=p, decode=d,
+                                           predicted={**pr, "cost": cost, "miss": float(own >= 1.0)})
+
+    def deflect_option(self, ctx: RouteContext, d: Instance, req: RequestInfo) -> tuple[float, int, RouteDecision]:
+        """(cost, requests decoding on ``d`` pushed past their TPOT SLO, decision) of deflecting to ``d``."""
+        pr = deflect_prediction(ctx, d, req)
+        others = slowed_past_slo(d, pr["step_before_s"], pr["step_with_chunk_s"] - pr["step_before_s"],
+                                 pr["prefill_steps"])
+        own = self._self_cost(pr, req)
+        cost = own + self.cfg.others_weight * others + self._pool_penalty(ctx, [d], req)
+        return cost, others, RouteDecision("deflect", decode=d,
+                                           predicted={**pr, "cost": cost, "miss": float(own >= 1.0)})
+
     def options(self, ctx: RouteContext, req: RequestInfo) -> list[tuple[float, RouteDecision]]:
         """Every option with its cost (unsorted)."""
         out: list[tuple[float, RouteDecision]] = []
         pre = ctx.fleet.candidates("prefill")
-        dec = ctx.fleet.candidates("decode")
-        w = self.cfg.others_weight
-        for d in dec:
+        for d in ctx.fleet.candidates("decode"):
             for p in pre:
-                pr = pd_prediction(ctx, p, d, req)
-                others = slowed_past_slo(d, pr["step_before_s"], pr["step_after_s"] - pr["step_before_s"])
-                own = self._self_cost(pr, req)
-                cost = own + w * others + self._pool_penalty(ctx, [p, d], req)
-                out.append((cost, RouteDecision("pd", prefill=p, decode=d,
-                                                predicted={**pr, "cost": cost, "miss": float(own >= 1.0)})))
+                cost, _, dec = self.pd_option(ctx, p, d, req)
+                out.append((cost, dec))
             if self.cfg.allow_deflection and d.deflected_in_flight < self.cfg.max_deflected_per_decode:
-                pr = deflect_prediction(ctx, d, req)
-                others = slowed_past_slo(d, pr["step_before_s"], pr["step_with_chunk_s"] - pr["step_before_s"],
-                                         pr["prefill_steps"])
-                own = self._self_cost(pr, req)
-                cost = own + w * others + self._pool_penalty(ctx, [d], req)
-                out.append((cost, RouteDecision("deflect", decode=d,
-                                                predicted={**pr, "cost": cost, "miss": float(own >= 1.0)})))
+                cost, _, dec = self.deflect_option(ctx, d, req)
+                out.append((cost, dec))
         return out
 
     def decide(self, ctx: RouteContext, request: RequestInfo) -> RouteDecision:

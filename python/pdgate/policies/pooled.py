@@ -37,7 +37,6 @@ from typing import Any
 from pdgate.fleet import Instance
 from pdgate.policies.base import RequestInfo, RouteContext, RouteDecision
 from pdgate.policies.goodput import GoodputRoute
-from pdgate.policies.predict import deflect_prediction, pd_prediction, slowed_past_slo
 from pdgate.policies.registry import register
 
 
@@ -112,27 +111,15 @@ class PooledRoute(GoodputRoute):
         if not ctx.fleet.candidates("prefill") or not dec:  # nothing to wait for: the legs fail or go decode-only
             return RouteDecision("decode_only")
         pre = [p for p in ctx.fleet.candidates("prefill") if self.prefill_free(ctx, p)]
-        w = self.cfg.others_weight
         best: tuple[float, float, RouteDecision] | None = None
         for d in dec:
-            for p in pre:
-                pr = pd_prediction(ctx, p, d, req)
-                others = slowed_past_slo(d, pr["step_before_s"], pr["step_after_s"] - pr["step_before_s"])
-                own = self._self_cost(pr, req)
-                cost = own + w * others + self._pool_penalty(ctx, [p, d], req)
-                if best is None or (cost, pr["ttft_s"]) < best[:2]:
-                    best = (cost, pr["ttft_s"], RouteDecision(
-                        "pd", prefill=p, decode=d, predicted={**pr, "cost": cost, "miss": float(own >= 1.0)}))
-            if pre or not self.decode_free(ctx, d):  # deflect only while no prefill instance is free
-                continue
-            pr = deflect_prediction(ctx, d, req)
-            others = slowed_past_slo(d, pr["step_before_s"], pr["step_with_chunk_s"] - pr["step_before_s"],
-                                     pr["prefill_steps"])
-            if others > 0:
-                continue
-            own = self._self_cost(pr, req)
-            cost = own + self._pool_penalty(ctx, [d], req)
-            if best is None or (cost, pr["ttft_s"]) < best[:2]:
-                best = (cost, pr["ttft_s"], RouteDecision(
-                    "deflect", decode=d, predicted={**pr, "cost": cost, "miss": float(own >= 1.0)}))
+            opts = [self.pd_option(ctx, p, d, req) for p in pre]
+            if not pre and self.decode_free(ctx, d):  # deflect only while no prefill instance is free
+                opts.append(self.deflect_option(ctx, d, req))
+            for cost, others, decision in opts:
+                if decision.kind == "deflect" and others > 0:
+                    continue
+                key = (cost, decision.predicted["ttft_s"])
+                if best is None or key < best[:2]:
+                    best = (*key, decision)
         return None if best is None else best[2]
