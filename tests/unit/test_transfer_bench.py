@@ -103,3 +103,25 @@ def test_raw_cases_read_one_block_as_perftests_window_reads_one_buffer() -> None
     assert contiguous["transfers"] == [(list(range(64)), list(range(64)))]
     loc, rem = fragmented["transfers"][0]
     assert sorted(loc) == sorted(rem) == list(range(64))   # every block of the prompt once
+
+
+def test_missing_peer_is_one_line_and_an_error_entry(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A peer that is not installed costs one stderr line and an error entry, not a child's traceback;
+    an installed one fills its column; a skipped one is left out."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(tb.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ucxx" else (object() if name == "nixl" else real(name, *a)))
+    monkeypatch.setattr(tb, "run_nixl", lambda tls, layers, n, blen, cases: {c["name"]: [0.5, 0.25] for c in cases})
+    monkeypatch.setattr(tb, "run_ucxx", lambda *a: pytest.fail("ucxx is not installed: it must not run"))
+    rows = [_row(op_bytes=10**9, nbytes=10**9)]
+    tb.run_peers("tcp", 1, 1, 10**9, [{"name": "c0"}], rows, set())
+    assert rows[0]["ucxx"] == {"error": "ucxx not installed"}
+    assert rows[0]["nixl"]["gbps_best"] == pytest.approx(4.0)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ucxx is not installed" in err and "pip install" in err
+    rows = [_row(op_bytes=10**9, nbytes=10**9)]
+    tb.run_peers("tcp", 1, 1, 10**9, [{"name": "c0"}], rows, {"nixl", "ucxx"})
+    assert "nixl" not in rows[0] and "ucxx" not in rows[0]

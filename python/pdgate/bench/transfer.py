@@ -35,6 +35,7 @@ is the fairest estimate of what each can do.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -67,6 +68,12 @@ from pdgate.bench.transfer_peers import (
     segments,
     ucx_env,
 )
+
+#: How to install an optional peer of the benchmark (printed when it is missing).
+PEER_INSTALL = {
+    "nixl": "pip install nixl",
+    "ucxx": 'pip install --no-deps ucxx-cu12==0.52.* libucxx-cu12==0.52.* "librmm-cu12==26.10.*" rapids-logger',
+}
 
 LAYERS = 32
 PROMPTS = [512, 2048, 8192, 32768]
@@ -271,8 +278,33 @@ def bench_setup(
     for row, case in zip(rows, cases):
         t = run_memcpy(layers, n, blen, case, case["rounds"])  # warm-up dropped
         row["memcpy"] = over_reps(t, row["bytes_per_rep"], row["transfers_per_rep"])
+    run_peers(tls, layers, n, blen, cases, rows, args.skip)
+    for row in rows:
+        pd_reps = {"gbps_median": row["pdgate"]["rep_gbps_median"], "gbps_best": row["pdgate"]["rep_gbps_best"]}
+        for key in ("median", "best"):
+            r = ratio(pd_reps, row.get("nixl", {}), f"gbps_{key}")
+            if r is not None:
+                row[f"pdgate_over_nixl_{key}"] = r
+        print_row(tls, row)
+    return rows
+
+
+def run_peers(tls: str, layers: int, n: int, blen: int, cases: list[dict[str, Any]],
+              rows: list[dict[str, Any]], skip: Any) -> None:
+    """Fill each row's ``nixl`` and ``ucxx`` entries (GB/s over reps) for the same cases.
+
+    A peer named in ``skip`` is left out; one that is not installed gets
+    ``{"error": "<name> not installed"}`` and one line on stderr with its
+    install command; one that fails gets the exception's text. Never raises.
+    """
     for name, fn in (("nixl", run_nixl), ("ucxx", run_ucxx)):
-        if name in args.skip:
+        if name in skip:
+            continue
+        if importlib.util.find_spec(name) is None:  # one line, not a child's ImportError traceback
+            print(f"transfer bench: {name} is not installed, its column is skipped ({PEER_INSTALL[name]})",
+                  file=sys.stderr)
+            for row in rows:
+                row[name] = {"error": f"{name} not installed"}
             continue
         try:
             res = fn(tls, layers, n, blen, cases)
@@ -283,14 +315,6 @@ def bench_setup(
         except Exception as e:  # noqa: BLE001 - reported in the JSON
             for row in rows:
                 row[name] = {"error": repr(e)[:300]}
-    for row in rows:
-        pd_reps = {"gbps_median": row["pdgate"]["rep_gbps_median"], "gbps_best": row["pdgate"]["rep_gbps_best"]}
-        for key in ("median", "best"):
-            r = ratio(pd_reps, row.get("nixl", {}), f"gbps_{key}")
-            if r is not None:
-                row[f"pdgate_over_nixl_{key}"] = r
-        print_row(tls, row)
-    return rows
 
 
 def fmt(d: dict[str, Any] | None, best: bool = False) -> str:
