@@ -57,20 +57,74 @@ def test_rounds_alternate_and_ratios_use_best_and_median(monkeypatch: pytest.Mon
 
 
 def test_summary_target_uses_best_vs_best() -> None:
-    big = _row(1 << 20, 16 << 20) | {"pdgate_over_ceiling_best": 0.95, "pdgate_over_ceiling_median": 0.7}
-    low = _row(1 << 20, 16 << 20) | {"case": "latency", "pdgate_over_ceiling_best": 0.85, "pdgate_over_ceiling_median": 1.2}
-    small = _row(4 << 10, 64 << 10) | {"pdgate_over_ceiling_best": 0.1, "pdgate_over_ceiling_median": 0.1}
+    pd = {"lat_ms_per_transfer": 0.2}
+    big = _row(1 << 20, 16 << 20) | {"pdgate": pd, "pdgate_over_ceiling_best": 0.95, "pdgate_over_ceiling_median": 0.7}
+    small = _row(4 << 10, 64 << 10) | {"pdgate": pd, "pdgate_over_ceiling_best": 0.1, "pdgate_over_ceiling_median": 0.1}
     res: dict[str, Any] = {"runs": [{"transport": "tcp", "kv": [], "raw": [big, small]}]}
     tb.add_summary(res)
     s = res["summary"]["tcp"]
     assert s["target_ceiling_90pct_met"] is True  # the 4 KiB op is below the 256 KiB threshold
     assert s["pdgate_over_ceiling_ops_ge_256KiB_best_vs_best"]["min"] == 0.95
     assert s["pdgate_over_ceiling_ops_ge_256KiB_median_vs_median"]["min"] == 0.7
-    res["runs"][0]["raw"].append(low)
+    slow_bw = big | {"msg_bytes": 4 << 20, "op_bytes": 4 << 20, "pdgate_over_ceiling_best": 0.85}
+    res["runs"][0]["raw"].append(slow_bw)
     tb.add_summary(res)
     s = res["summary"]["tcp"]
     assert s["target_ceiling_90pct_met"] is False
-    assert s["below_90pct_best_vs_best"] == {"raw 1024KiB latency": 0.85}
+    assert s["below_90pct_best_vs_best"] == {"raw 4096KiB bandwidth": 0.85}
+
+
+def test_one_at_a_time_latency_case_is_summarized_as_latency_not_bandwidth() -> None:
+    """The raw latency case (perftest -O 1) is a latency figure: it is reported as the microseconds pdgate
+    adds per transfer, apart from the bandwidth target."""
+    bw = _row(1 << 20, 16 << 20) | {"pdgate": {"lat_ms_per_transfer": 0.2}, "pdgate_over_ceiling_best": 0.95,
+                                     "pdgate_over_ceiling_median": 0.9}
+    lat = _row(256 << 10, 256 << 10) | {"case": "latency", "pdgate": {"lat_ms_per_transfer": 0.040},
+                                         "perftest": {"lat_us_per_msg": 31.5},
+                                         "pdgate_over_ceiling_best": 0.7, "pdgate_over_ceiling_median": 0.7}
+    res: dict[str, Any] = {"runs": [{"transport": "sm", "kv": [], "raw": [bw, lat]}]}
+    tb.add_summary(res)
+    s = res["summary"]["sm"]
+    assert s["target_ceiling_90pct_met"] is True and s["below_90pct_best_vs_best"] == {}
+    assert s["pdgate_over_ceiling_ops_ge_256KiB_best_vs_best"]["n"] == 1
+    cell = s["one_at_a_time_latency_ops_ge_256KiB"]["raw 256KiB latency"]
+    assert cell == {"pdgate_us": 40.0, "perftest_us": 31.5, "added_us": 8.5, "pdgate_over_ceiling_best": 0.7}
+
+
+class _FakeEngine:
+    """Completes transfers in order when waited for; records the most in flight after each post."""
+
+    def __init__(self) -> None:
+        self.in_flight: list[int] = []
+        self.posted = 0
+        self.max_seen: list[int] = []
+
+    def read_blocks(self, peer: str, l: list[int], r: list[int], timeout_s: float) -> int:
+        self.posted += 1
+        self.in_flight.append(self.posted)
+        self.max_seen.append(len(self.in_flight))
+        return self.posted
+
+    def wait(self, xid: int, timeout_s: float) -> None:
+        assert self.in_flight[0] == xid, "waits oldest first"
+        self.in_flight.pop(0)
+
+
+@pytest.mark.parametrize("reps", [1, 3])
+def test_bandwidth_case_streams_like_perftests_window(reps: int) -> None:
+    """pdgate's raw bandwidth case keeps WINDOW transfers in flight across reps (perftest -O 16 never lets
+    its window drain); KV and latency cases still post a rep, then wait for all of it."""
+    bw, lat = tb.make_cases("raw", 1)
+    eng = _FakeEngine()
+    times = tb.run_pdgate(eng, "p", bw, reps)
+    assert eng.posted == reps * tb.WINDOW and not eng.in_flight
+    assert len(times) == reps and all(t >= 0 for t in times)
+    # after the window filled, every later post found WINDOW - 1 in flight (the one just waited for left)
+    assert eng.max_seen[: tb.WINDOW] == list(range(1, tb.WINDOW + 1))
+    assert all(m == tb.WINDOW for m in eng.max_seen[tb.WINDOW:])
+    eng2 = _FakeEngine()
+    assert len(tb.run_pdgate(eng2, "p", lat, reps)) == reps
+    assert eng2.posted == reps and max(eng2.max_seen) == 1
 
 
 @pytest.mark.parametrize("nbytes", [4096, 65536, 262144, 4 << 20])

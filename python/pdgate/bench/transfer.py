@@ -25,7 +25,7 @@ segments with tagged send/recv (it has no one-sided API).
 
 Ceiling on a shared host: for every case, ucx_perftest and pdgate run in
 alternating rounds (perftest, pdgate, perftest, pdgate, ...; ``--rounds``,
-default 3 each), each round moving about the same bytes. Per contender the
+default 5 each), each round moving about the same bytes. Per contender the
 JSON holds every round's GB/s, the median and the best round; the ratio
 pdgate/ceiling is given best-vs-best and median-vs-median, and the target
 check uses best-vs-best: on a shared host the least-disturbed round of each
@@ -44,11 +44,23 @@ import random
 import statistics
 import sys
 import time
+from collections import deque
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from pdgate.bench import bench_dir
+from pdgate.bench.transfer_report import (  # noqa: F401 - re-exported for callers and tests
+    BIG_OP,
+    NOTES,
+    add_summary,
+    label,
+    latency_cell,
+    print_header,
+    print_row,
+    print_summary,
+    spread,
+)
 from pdgate.bench.transfer_peers import (
     PAGE,
     TARGET_BYTES,
@@ -78,48 +90,6 @@ PEER_INSTALL = {
 LAYERS = 32
 PROMPTS = [512, 2048, 8192, 32768]
 RAW_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-BIG_OP = 256 << 10  # the ceiling target applies to operations of at least this size
-NOTES = [
-    "GB/s = 1e9 bytes/s; a rep is one execution of a case (all its transfers posted, then waited for)",
-    (
-        "ceiling: ucx_perftest (ucp_get, window 16, or 1 for the raw latency case that moves one transfer "
-        "at a time; message = the case's mean coalesced op size, same UCX install and UCX_TLS) and pdgate run in alternating rounds (perftest, pdgate, perftest, pdgate, ...); "
-        "a perftest round is one ucx_perftest run (its overall bandwidth), a pdgate round is reps_per_round "
-        "reps moving about the same bytes (total bytes / total time)"
-    ),
-    (
-        "pdgate_over_ceiling_best = best pdgate round / best perftest round; pdgate_over_ceiling_median = "
-        "median / median. The summary's >= 90% target check uses best-vs-best: on a shared host the "
-        "least-disturbed round of each is the fairest estimate of what each can do"
-    ),
-    (
-        "NIXL, ucxx and memcpy run after pdgate (not alternated): gbps_median / gbps_best are over their reps; "
-        "pdgate_over_nixl_* compare per-rep figures of both (pdgate's rep_gbps_*)"
-    ),
-    "host_load: os.getloadavg() (1, 5, 15 min) at start and end; each row has the 1-min load when it began",
-    "NIXL uses the UCX bundled in its wheel; pdgate and ucx_perftest use libucx-cu12",
-    (
-        "buffers: page-aligned for every contender, as ucx_perftest allocates its own (UCP_MEM_MAP_ALLOCATE); "
-        "runs before 2026-11-30 19:00 UTC used numpy buffers starting 16 bytes into a page"
-    ),
-    (
-        "footprint: ucx_perftest's outstanding GETs all read one message-sized buffer into one, so its data stays "
-        "in cache when the message fits. The raw cases read one block the same way (the bandwidth case reads block "
-        "0 sixteen times; runs before 2026-11-30 19:20 UTC read 16 distinct blocks). The kv cases move every block "
-        "of the prompt once (the real workload, up to 4 GiB): for ops that fit in cache their perftest ceiling is "
-        "a cache-resident figure that no distinct-block copy reaches"
-    ),
-    (
-        "NIXL over sm runs with UCX_TLS=sm,tcp: its UCX backend requires peer-failure handling, "
-        "which posix/sysv lack (pdgate falls back to no peer-failure handling on sm)"
-    ),
-    (
-        "ucxx (successor of ucx-py, same API; ucx-py-cu12 itself cannot be installed from PyPI) moves the same "
-        "segments with tag send/recv; over sm it needs tcp for connection setup (UCX_TLS=sm,tcp)"
-    ),
-]
-
-
 def make_cases(kind: str, n_blocks: int) -> list[dict[str, Any]]:
     """A case: `transfers`, each a (local_ids, remote_ids) pair applied to
     every layer."""
@@ -137,7 +107,7 @@ def make_cases(kind: str, n_blocks: int) -> list[dict[str, Any]]:
         # as ucx_perftest: its window of GETs all read one message buffer into one
         # (``ucp_perf_test_alloc_mem`` allocates one message), so every contender
         # reads the same block WINDOW times, with the same (cache-sized) footprint
-        {"name": "bandwidth", "transfers": [([0], [0]) for _ in range(WINDOW)]},
+        {"name": "bandwidth", "transfers": [([0], [0]) for _ in range(WINDOW)], "stream": True},
         {"name": "latency", "transfers": [([0], [0])]},
     ]
 
@@ -148,6 +118,11 @@ def reps_for(nbytes: int, quick: bool) -> int:
 
 
 def run_pdgate(eng: Any, peer: str, case: dict[str, Any], reps: int) -> list[float]:
+    """Seconds per rep. A ``stream`` case keeps its transfers in flight across
+    reps, as ``ucx_perftest -O`` keeps its window full (see `stream_pdgate`);
+    any other posts a rep's transfers, waits for all, then starts the next."""
+    if case.get("stream"):
+        return stream_pdgate(eng, peer, case, reps)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -155,6 +130,36 @@ def run_pdgate(eng: Any, peer: str, case: dict[str, Any], reps: int) -> list[flo
         for x in xs:
             eng.wait(x, timeout_s=180.0)
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def stream_pdgate(eng: Any, peer: str, case: dict[str, Any], reps: int) -> list[float]:
+    """``reps x W`` transfers (W = the case's transfer count) with W in flight
+    at all times: each completion (oldest first) posts the next, so the window
+    never drains between reps, as in ``ucx_perftest -O W`` (the ceiling's own
+    method). Returns the seconds between consecutive W-th completions (the
+    first from the first post), one per rep; their sum is the whole run."""
+    window = len(case["transfers"])
+    total = reps * window
+    pending: deque[int] = deque()
+    posted = done = 0
+    times: list[float] = []
+    last = time.perf_counter()
+    while posted < min(window, total):
+        l, r = case["transfers"][posted % window]
+        pending.append(eng.read_blocks(peer, l, r, timeout_s=120.0))
+        posted += 1
+    while pending:
+        eng.wait(pending.popleft(), timeout_s=180.0)
+        done += 1
+        if posted < total:
+            l, r = case["transfers"][posted % window]
+            pending.append(eng.read_blocks(peer, l, r, timeout_s=120.0))
+            posted += 1
+        if done % window == 0:
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
     return times
 
 
@@ -317,82 +322,6 @@ def run_peers(tls: str, layers: int, n: int, blen: int, cases: list[dict[str, An
                 row[name] = {"error": repr(e)[:300]}
 
 
-def fmt(d: dict[str, Any] | None, best: bool = False) -> str:
-    if not d:
-        return "-"
-    if "gbps_median" not in d:
-        return "err"
-    return f"{d['gbps_median']:.2f}/{d['gbps_best']:.2f}" if best else f"{d['gbps_median']:.2f}"
-
-
-def label(r: dict[str, Any]) -> str:
-    what = f"{r['tokens']}tok" if r["kind"] == "kv" else f"{r['msg_bytes'] >> 10}KiB"
-    return f"{r['kind']} {what} {r['case']}"
-
-
-def print_header() -> None:
-    print(
-        "GB/s; pdgate and perftest: median/best of alternating rounds; ceiling ratios best-vs-best "
-        "(the target check) and median-vs-median; nixl, ucxx, memcpy: median over reps",
-        flush=True,
-    )
-
-
-def print_row(tls: str, r: dict[str, Any]) -> None:
-    what = f"{r['tokens']}tok" if r["kind"] == "kv" else f"{r['msg_bytes'] >> 10}KiB"
-    print(
-        f"{tls:4} {r['kind']:3} {what:>9} {r['case']:10} op={r['op_bytes'] >> 10:>6}KiB "
-        f"pdgate={fmt(r['pdgate'], True)} ({r['pdgate']['lat_ms_per_transfer']:.3f} ms) "
-        f"perftest={fmt(r.get('perftest'), True)} "
-        f"ceil best/best={r.get('pdgate_over_ceiling_best', '-')} med/med={r.get('pdgate_over_ceiling_median', '-')} "
-        f"nixl={fmt(r.get('nixl'))} ucxx={fmt(r.get('ucxx'))} memcpy={fmt(r.get('memcpy'))} "
-        f"ratio_nixl={r.get('pdgate_over_nixl_median', '-')} load={r['load_avg_1m']}",
-        flush=True,
-    )
-
-
-def spread(xs: list[float]) -> dict[str, Any]:
-    return {"min": min(xs, default=None), "median": statistics.median(xs) if xs else None, "n": len(xs)}
-
-
-def add_summary(result: dict[str, Any]) -> None:
-    """Targets: pdgate >= 90% of ucx_perftest for ops >= 256 KiB (best
-    round vs best round); ahead of NIXL on the fragmented KV cases."""
-    summ = {}
-    for run in result["runs"]:
-        big = [r for r in run["kv"] + run["raw"] if r["op_bytes"] >= BIG_OP and "pdgate_over_ceiling_best" in r]
-        best = [r["pdgate_over_ceiling_best"] for r in big]
-        med = [r["pdgate_over_ceiling_median"] for r in big]
-        frag = {
-            f"{r['tokens']}tok": r["pdgate_over_nixl_median"]
-            for r in run["kv"]
-            if r["case"] == "fragmented" and "pdgate_over_nixl_median" in r
-        }
-        summ[run["transport"]] = {
-            "pdgate_over_ceiling_ops_ge_256KiB_best_vs_best": spread(best),
-            "pdgate_over_ceiling_ops_ge_256KiB_median_vs_median": spread(med),
-            "below_90pct_best_vs_best": {label(r): r["pdgate_over_ceiling_best"] for r in big if r["pdgate_over_ceiling_best"] < 0.9},
-            "pdgate_over_nixl_fragmented_median": frag,
-            "target_ceiling_90pct_met": bool(best) and min(best) >= 0.9,
-            "target_ceiling_basis": "best round vs best round (alternating rounds, shared host)",
-            "target_ahead_of_nixl_fragmented_met": bool(frag) and min(frag.values()) > 1.0,
-        }
-    result["summary"] = summ
-
-
-def print_summary(result: dict[str, Any]) -> None:
-    for tls, s in result["summary"].items():
-        b = s["pdgate_over_ceiling_ops_ge_256KiB_best_vs_best"]
-        m = s["pdgate_over_ceiling_ops_ge_256KiB_median_vs_median"]
-        print(
-            f"{tls}: pdgate/ceiling for ops >= 256 KiB, best-vs-best (target basis) min {b['min']} median "
-            f"{b['median']} (n={b['n']}); median-vs-median min {m['min']} median {m['median']}; "
-            f">= 90% met: {s['target_ceiling_90pct_met']}; ahead of NIXL fragmented: "
-            f"{s['target_ahead_of_nixl_fragmented_met']}",
-            flush=True,
-        )
-
-
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
@@ -420,7 +349,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--spec", default="{}")
     ap.add_argument("--transports", default="tcp,sm")
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ucx_perftest and pdgate (each)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of ucx_perftest and pdgate (each)")
     ap.add_argument("--prompts", default=None, help="comma-separated prompt lengths in tokens ('none': raw messages only)")
     ap.add_argument("--raw-sizes", default=None, help="comma-separated message sizes in bytes ('none': KV cases only)")
     ap.add_argument("--skip", default="", help="comma list of nixl,ucxx,perftest")
