@@ -219,24 +219,29 @@ class PooledConfig(_Strict):
     queues never hold work another instance could start sooner.
 
     Attributes:
-        order: ``fcfs`` (arrival order; shortest tail) or ``sjf`` (shorter
-            prompts first, with aging; most requests on time).
+        order: ``fcfs`` (arrival order), ``sjf`` (shorter prompts first,
+            with aging; most requests on time) or ``long_last`` (arrival
+            order, prompts over ``long_threshold_tokens`` after every shorter
+            one, with aging: gives up the longest few percent to shorten the
+            TTFT tail of the rest; `pdgate.bench.fluid`).
         max_queue_s: an instance takes more work only while the prefill work
             already there is predicted to drain within this (seconds).
         max_in_flight: prefills in flight per prefill instance.
         max_local_prefills: prompts a decode instance prefills itself at once
             (deflected and fallback prefills together), while they are
             predicted to be done within ``max_queue_s``.
-        long_threshold_tokens / aging_rate: ``sjf`` order key: the request's
-            priority class plus one unit per ``long_threshold_tokens`` prompt
-            tokens, minus ``aging_rate`` units per second waited.
+        long_threshold_tokens / aging_rate: order key: the request's
+            priority class, plus (``sjf``) one unit per ``long_threshold_tokens``
+            prompt tokens or (``long_last``) one unit for a prompt of more than
+            ``long_threshold_tokens``, minus ``aging_rate`` units per second
+            waited.
         max_wait_s: entries that waited longer go first whatever the order.
         scan: queue entries tried per dispatch round (bounds the work per event).
         tick_s: while requests wait, dispatch also runs this often (seconds),
             beside the events that free capacity.
     """
 
-    order: Literal["fcfs", "sjf"] = "fcfs"
+    order: Literal["fcfs", "sjf", "long_last"] = "fcfs"
     max_queue_s: float = Field(default=0.2, gt=0)
     max_in_flight: int = Field(default=4, ge=1)
     max_local_prefills: int = Field(default=4, ge=1)

@@ -48,12 +48,12 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         return {**common, "route_policy": "goodput", "admission_policy": "request_parallel",
                 "goodput": {"max_deflected_per_decode": max_deflected, "others_weight": 1.0}}
 
-    def pooled(order: str, queue_s: float = 0.4) -> dict[str, Any]:
+    def pooled(order: str, queue_s: float = 0.4, **extra: Any) -> dict[str, Any]:
         """Late binding: one gateway-wide queue, each request routed when a prefill instance
         or a decode instance (deflection) has room for it."""
         return {**common, "route_policy": "pooled", "goodput": {"others_weight": 1.0},
                 "pooled": {"order": order, "max_queue_s": queue_s / speed, "aging_rate": 0.5 * speed,
-                           "max_wait_s": 30.0 / speed, "tick_s": 0.02 / speed}}
+                           "max_wait_s": 30.0 / speed, "tick_s": 0.02 / speed, **extra}}
 
     alternate = ["short", "long"] * 32
     return {
@@ -79,6 +79,10 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         # takes work while what it holds drains within 0.4 simulated s (about one full prefill step)
         "pooled": pooled("fcfs"),
         "pooled+sjf": pooled("sjf"),
+        # arrival order, prompts over 6000 tokens after the shorter ones (the longest ~10% of the
+        # Azure code trace) until they waited 10 simulated s longer: the order that minimizes the
+        # pooled fluid model's P95 TTFT here (bench/fluid_bound.py, `long_last`)
+        "pooled+longlast": pooled("long_last", long_threshold_tokens=6000, aging_rate=0.1 * speed),
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

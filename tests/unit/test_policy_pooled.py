@@ -104,6 +104,17 @@ def test_order_fcfs_and_sjf_with_aging_and_starvation_bound() -> None:
     assert sjf.order_key(request(100, priority=-1), 0.0, 1) < sjf.order_key(short, 0.0, 0)  # class first
 
 
+def test_order_long_last_keeps_arrival_order_below_the_threshold_and_defers_longer_prompts() -> None:
+    _, _, ll = setup(order="long_last", aging_rate=0.1, long_threshold_tokens=6000, max_wait_s=60.0)
+    a, b = request(5999), request(100)
+    long = request(6001)
+    assert ll.order_key(a, 1.0, 0) < ll.order_key(b, 1.0, 1)              # arrival order among the shorter
+    assert ll.order_key(b, 0.0, 9) < ll.order_key(long, 0.0, 0)           # a longer prompt after them
+    assert ll.order_key(b, 5.0, 9) < ll.order_key(long, 9.0, 0)           # ... until it waited 1/aging = 10 s
+    assert ll.order_key(long, 10.5, 0) < ll.order_key(b, 0.0, 9)          # more than the oldest of them
+    assert ll.order_key(long, 61.0, 0) < ll.order_key(request(1, priority=-5), 0.0, 1)  # starved first
+
+
 # -- the gateway-wide queue -------------------------------------------------------------------
 
 def run(coro: Any) -> Any:

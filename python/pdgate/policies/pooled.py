@@ -89,14 +89,19 @@ class PooledRoute(GoodputRoute):
     def order_key(self, req: RequestInfo, waited_s: float, seq: int) -> tuple[float, float, int]:
         """Sort key of a waiting request (smallest first): starved ones (waited over
         ``max_wait_s``) first, then by priority class (plus, for ``sjf``, one unit per
-        ``long_threshold_tokens`` prompt tokens) minus ``aging_rate`` x seconds waited,
-        then arrival order ``seq``."""
+        ``long_threshold_tokens`` prompt tokens; for ``long_last``, one unit for a prompt
+        over ``long_threshold_tokens``) minus ``aging_rate`` x seconds waited, then
+        arrival order ``seq``. Under ``long_last`` a long prompt thus waits for the
+        shorter ones until it has waited ``1 / aging_rate`` seconds longer than the
+        oldest of them."""
         c = self.pcfg
         if waited_s > c.max_wait_s:
             return (0.0, -waited_s, seq)
         prio = float(req.priority)
         if c.order == "sjf":
             prio += req.tokens // c.long_threshold_tokens
+        elif c.order == "long_last" and req.tokens > c.long_threshold_tokens:
+            prio += 1.0
         return (1.0, prio - c.aging_rate * waited_s, seq)
 
     # -- placement -----------------------------------------------------------
