@@ -156,6 +156,39 @@ def test_queue_dispatches_when_capacity_frees_and_in_order() -> None:
     assert all(d.kind == "pd" and d.prefill is p0 for _, d in got)
 
 
+@pytest.mark.parametrize("order, first", [("fcfs", "long"), ("long_last", "short")])
+def test_long_last_dispatches_a_later_shorter_prompt_before_a_queued_long_one(order: str, first: str) -> None:
+    """Both executors full; a 6000-token prompt, then a 500-token one, wait. When the prefill instance frees,
+    ``long_last`` (threshold 5000) sends the shorter one first; ``fcfs`` the long one."""
+    f, ctx, pol = setup(n_d=1, max_local_prefills=1, order=order, long_threshold_tokens=5000, aging_rate=0.0)
+    p0 = f.by_role("prefill")[0]
+    p0.add_prefill("busy-p", 4000)
+    f.by_role("decode")[0].add_prefill("busy-d", 4000)
+
+    async def go() -> list[str]:
+        lb = LateBinding(ctx, pol, tick_s=5.0)
+        got: list[str] = []
+
+        async def one(rid: str, n: int) -> None:
+            await lb.place(request(n, rid=rid))
+            got.append(rid)
+
+        tasks = [asyncio.ensure_future(one("long", 6000))]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.ensure_future(one("short", 500)))
+        await asyncio.sleep(0.01)
+        assert lb.waiting() == 2 and not got
+        p0.done_prefill("busy-p")
+        await asyncio.sleep(0.01)
+        order_seen = list(got)
+        for rid in list(p0.prefill_jobs):                # let the rest through
+            p0.done_prefill(rid)
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        return order_seen
+
+    assert run(go())[0] == first
+
+
 def test_ticker_dispatches_without_an_event() -> None:
     f, ctx, pol, p0 = busy_1p1d()
 
