@@ -121,9 +121,9 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 10))
 
 
-def busy_1p1d() -> tuple[Any, Any, Any, Any]:
+def busy_1p1d(**pooled: Any) -> tuple[Any, Any, Any, Any]:
     """1P1D with both executors full: (fleet, ctx, policy, prefill instance)."""
-    f, ctx, pol = setup(n_d=1, max_local_prefills=1)
+    f, ctx, pol = setup(n_d=1, **{"max_local_prefills": 1, **pooled})
     p0 = f.by_role("prefill")[0]
     p0.add_prefill("busy-p", 4000)
     f.by_role("decode")[0].add_prefill("busy-d", 4000)
@@ -160,10 +160,7 @@ def test_queue_dispatches_when_capacity_frees_and_in_order() -> None:
 def test_long_last_dispatches_a_later_shorter_prompt_before_a_queued_long_one(order: str, first: str) -> None:
     """Both executors full; a 6000-token prompt, then a 500-token one, wait. When the prefill instance frees,
     ``long_last`` (threshold 5000) sends the shorter one first; ``fcfs`` the long one."""
-    f, ctx, pol = setup(n_d=1, max_local_prefills=1, order=order, long_threshold_tokens=5000, aging_rate=0.0)
-    p0 = f.by_role("prefill")[0]
-    p0.add_prefill("busy-p", 4000)
-    f.by_role("decode")[0].add_prefill("busy-d", 4000)
+    f, ctx, pol, p0 = busy_1p1d(order=order, long_threshold_tokens=5000, aging_rate=0.0)
 
     async def go() -> list[str]:
         lb = LateBinding(ctx, pol, tick_s=5.0)

@@ -81,7 +81,10 @@ def fluid_ttft(arrivals_s: Sequence[float], tokens: Sequence[int], capacity_tps:
         if not heap:
             now = max(now, a[i])
         while i < len(a) and a[i] <= now:
-            key = rem[i] if order == "srpt" else float(i) + (len(a) if rem[i] > long_tokens else 0)
+            if order == "srpt":
+                key = rem[i]
+            else:  # arrival order; under long_last a long prompt after every shorter one
+                key = float(i) + (len(a) if order == "long_last" and rem[i] > long_tokens else 0)
             heapq.heappush(heap, (key, i))
             i += 1
         _, j = heap[0]
