@@ -142,6 +142,46 @@ def test_pooled_late_binding_burst_all_token_exact(fleet_1p2d: LocalFleet) -> No
         gw.close()
 
 
+def test_pooled_long_last_serves_later_shorts_first_token_exact(fleet_1p2d: LocalFleet) -> None:
+    """``pooled`` with ``order: long_last`` on the real fleet: four long prompts (over the 600-token
+    threshold) sent ahead of eight short ones: those that find no free executor wait while the
+    shorts are routed; every answer equals the single-server greedy reference, and the last long
+    prompt ends after every short one (under ``fcfs`` it, sent first, would be routed first)."""
+    import time
+
+    gw = InProcessGateway(fleet_1p2d, route_policy="pooled",
+                          pooled={"order": "long_last", "long_threshold_tokens": 600, "aging_rate": 0.0,
+                                  "max_queue_s": 0.05, "max_in_flight": 1, "max_local_prefills": 1,
+                                  "tick_s": 0.01},
+                          slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
+    try:
+        sizes = [700 + 10 * i for i in range(4)] + [150 + 20 * i for i in range(8)]
+        reqs = [body(prompt_ids(n, seed=1100 + i), max_tokens=8) for i, n in enumerate(sizes)]
+        refs = [reference(fleet_1p2d, r) for r in reqs]
+
+        async def timed(c: httpx.AsyncClient, r: dict) -> tuple[list[int], float]:
+            ids = await acomplete(c, gw.url, r)
+            return ids, time.monotonic()
+
+        async def burst() -> list[tuple[list[int], float]]:
+            async with httpx.AsyncClient() as c:
+                return await asyncio.gather(*(timed(c, r) for r in reqs))
+
+        got = asyncio.run(burst())
+        assert [ids for ids, _ in got] == refs
+        ends = [t for _, t in got]
+        long_ends, short_ends = sorted(ends[:4]), sorted(ends[4:])
+        # the first longs are routed at once (empty queue, free executors); a long one that had to
+        # wait is routed only when no short one waits, so it ends last (under fcfs it would go first)
+        assert long_ends[-1] > short_ends[-1], (long_ends, short_ends)
+        assert gw.counter("pdgate_admission_wait_seconds_count") >= 4
+        assert gw.counter("pdgate_admission_waiting_requests") == 0
+        inst = httpx.get(gw.url + "/health").json()["instances"]
+        assert all(i["in_flight"] == 0 and i["prefill_jobs"] == 0 and i["deflected_in_flight"] == 0 for i in inst)
+    finally:
+        gw.close()
+
+
 def test_decode_crash_mid_stream_then_retry_on_the_other_decode(fleet_1p2d: LocalFleet) -> None:
     """Real decode instance killed (SIGKILL) mid-stream: the client's stream ends
     with an SSE error event (no hang); the next requests go to the surviving
