@@ -198,3 +198,33 @@ def test_cli_rejects_a_bad_role_override() -> None:
     r = subprocess.run([sys.executable, "-m", "pdgate", "sim-fleet", "--decode-set", "no_such_field=1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bad profile" in r.stderr
+
+
+def test_trace_records_steps_and_the_pd_requests_waits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``trace_dir``: each engine writes its steps and first tokens; :func:`summarize` reads them
+    back (the P/D request's KV loaded after it arrived, its first token after that)."""
+    from pdgate.sim.trace import main as trace_main
+    from pdgate.sim.trace import summarize
+
+    with SimFleet(1, 1, profile=FAST, trace_dir=str(tmp_path)) as f:
+        p, d = f.prefill_urls[0], f.decode_urls[0]
+        prompt = list(range(2000, 2320))
+        kv = httpx.post(p + "/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                     "kv_transfer_params": {"do_remote_decode": True}}
+                        ).json()["kv_transfer_params"]
+        r = httpx.post(d + "/v1/completions", json={"prompt": prompt, "max_tokens": 4, "kv_transfer_params": kv})
+        assert r.status_code == 200
+        r = httpx.post(d + "/v1/completions", json={"prompt": list(range(50)), "max_tokens": 2})
+        assert r.status_code == 200
+    pre = (tmp_path / "sim-prefill-0.steps.csv").read_text().splitlines()
+    assert pre[0] == "start_s,duration_s,prefill_tokens,decode_seqs,waiting,running"
+    assert sum(int(line.split(",")[2]) for line in pre[1:]) == 320  # the whole prompt, prefilled there
+    reqs = (tmp_path / "sim-decode-1.requests.csv").read_text().splitlines()[1:]
+    kinds = sorted(line.split(",")[0] for line in reqs)
+    assert kinds == ["local", "pd"]
+    s = summarize(str(tmp_path))
+    assert s["pd_requests"] == 1 and s["arrival_to_loaded_s"]["p50"] > 0 and s["loaded_to_first_s"]["p50"] > 0
+    assert s["engines"]["sim-decode-1"]["prefill_tokens_per_s"] > 0  # the local request's 50 tokens
+    assert trace_main([str(tmp_path)]) == 0
+    with pytest.raises(FileNotFoundError):
+        summarize(str(tmp_path / "empty"))

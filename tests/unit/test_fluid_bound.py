@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pdgate.bench.fluid import fluid_ttft, main, prefill_capacity
+from pdgate.bench.fluid import fluid_ttft, main, mix_capacity, prefill_capacity
 
 
 def test_fcfs_serves_in_arrival_order() -> None:
@@ -46,6 +46,25 @@ def test_prefill_capacity_from_the_step_model() -> None:
     assert prefill_capacity(prof) == pytest.approx(1000 / 0.02)
     # 100 decodes take 100 tokens of the budget and 0.1 s of the step
     assert prefill_capacity(prof, 1000, 100) == pytest.approx(900 / (0.01 + 900e-5 + 0.1))
+
+
+def test_mix_capacity_counts_attention_and_chunks() -> None:
+    """Prompts that fill whole steps, no attention term: the full-budget figure. The attention
+    term (chunk x context) and a long prompt's chunks lower it; decodes sharing the step too."""
+    from pdgate.sim.profiles import load_profile
+
+    prof = load_profile("a100-dsv2-lite").replace(prefill_attn_s=0.0, long_prefill_token_threshold=0)
+    full = [prof.max_num_batched_tokens] * 4
+    assert mix_capacity(prof, full) == pytest.approx(prefill_capacity(prof))
+    with_attn = load_profile("a100-dsv2-lite")
+    assert mix_capacity(with_attn, full) < prefill_capacity(with_attn)
+    # a lone long prompt is not capped at long_prefill_token_threshold (vLLM 0.32): whole steps
+    assert mix_capacity(prof, [3 * prof.max_num_batched_tokens]) == pytest.approx(prefill_capacity(prof))
+    # on a decode instance: 32 decodes take 32 tokens of a 1024 budget and their share of the step
+    dec = mix_capacity(prof, [992] * 8, 1024, 32)
+    assert dec == pytest.approx(prefill_capacity(prof, 1024, 32), rel=1e-9)
+    with pytest.raises(ValueError):
+        mix_capacity(prof, [])
 
 
 def test_cli_writes_json(tmp_path) -> None:  # type: ignore[no-untyped-def]

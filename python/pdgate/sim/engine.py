@@ -23,6 +23,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import os
 import time
 import zlib
 from typing import Callable
@@ -30,6 +31,8 @@ from typing import Callable
 from pdgate.sim.metrics import EngineMetrics
 from pdgate.sim.profiles import Profile
 from pdgate.sim.scheduler import Scheduler, SimRequest, Status
+from pdgate.sim.trace import ENV as TRACE_ENV
+from pdgate.sim.trace import EngineTrace
 
 log = logging.getLogger("pdgate.sim")
 
@@ -70,10 +73,13 @@ class SimEngine:
         policy: ``fcfs`` or ``priority``.
         registry: engine id -> engine, shared by the engines of one process
             (a consumer frees its producer's blocks through it).
+        trace_dir: write step and request traces there (:mod:`pdgate.sim.trace`);
+            default ``$PDGATE_SIM_TRACE_DIR``, unset: no trace.
     """
 
     def __init__(self, profile: Profile, clock: SimClock, engine_id: str, policy: str = "fcfs",
-                 registry: dict[str, "SimEngine"] | None = None, enable_prefix_caching: bool = True) -> None:
+                 registry: dict[str, "SimEngine"] | None = None, enable_prefix_caching: bool = True,
+                 trace_dir: str | None = None) -> None:
         self.profile = profile
         self.clock = clock
         self.engine_id = engine_id
@@ -88,6 +94,8 @@ class SimEngine:
         self._link_free_s = 0.0
         self.steps = 0
         self.busy_s = 0.0
+        trace_dir = trace_dir or os.environ.get(TRACE_ENV)
+        self.trace = EngineTrace(trace_dir, engine_id) if trace_dir else None
 
     # -- control -------------------------------------------------------------
     def start(self) -> None:
@@ -101,6 +109,9 @@ class SimEngine:
             except asyncio.CancelledError:
                 pass
         self.registry.pop(self.engine_id, None)
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
 
     def call_at(self, sim_t: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the step loop at simulated time ``sim_t``."""
@@ -116,6 +127,9 @@ class SimEngine:
         metrics = self.metrics
 
         def on_token(r: SimRequest, t: float) -> None:
+            if self.trace is not None and r.seen_output == 0 and r.num_output >= 1:
+                self.trace.first_token("pd" if r.remote_prefill else "local", r.prompt_len, r.arrival_s,
+                                       r.kv_loaded_s, t)
             if r.num_output > r.seen_output:
                 metrics.on_tokens(r, t)
                 r.seen_output = r.num_output
@@ -167,6 +181,7 @@ class SimEngine:
             producer = self.registry.get(str(params.get("remote_engine_id")))
             ok = producer is not None and producer.release_held(str(params.get("remote_request_id")))
             if ok:
+                req.kv_loaded_s = self.clock.now()
                 self.sched.kv_loaded(req)
             else:  # blocks gone on the prefill side: recompute locally
                 self.metrics.kv_load_failures += 1
@@ -224,6 +239,9 @@ class SimEngine:
                 self.metrics.loop_lag.observe(max(0.0, self.clock.now() - end))
                 self.steps += 1
                 self.busy_s += plan.duration_s
+                if self.trace is not None:
+                    self.trace.step(now, plan.duration_s, plan.prefill_tokens, plan.decode_seqs,
+                                    len(self.sched.waiting), len(self.sched.running))
                 self._t = end
                 for req in self.sched.finish_step(plan, end):
                     self.metrics.on_finish(req)

@@ -39,6 +39,8 @@ class SimFleet:
             fields replaced for that role's instances only, e.g. a decode
             pool with a smaller ``max_num_batched_tokens`` so a prefill
             chunk beside its decodes fits their TBT budget (Kairos).
+        trace_dir: every engine writes its step and request traces there
+            (:mod:`pdgate.sim.trace`); default ``$PDGATE_SIM_TRACE_DIR``.
         profile_overrides: fields replaced in the loaded profile.
     """
 
@@ -46,7 +48,7 @@ class SimFleet:
                  profile: Profile | str = "cpu-tiny", time_scale: float = 1.0, model: str = DEFAULT_MODEL,
                  policy: str = "fcfs", host: str = "127.0.0.1", ports: list[int] | None = None,
                  enable_prefix_caching: bool = True, role_overrides: dict[str, dict[str, Any]] | None = None,
-                 **profile_overrides: Any) -> None:
+                 trace_dir: str | None = None, **profile_overrides: Any) -> None:
         if isinstance(profile, str):
             profile = load_profile(profile)
         if profile_overrides:
@@ -67,6 +69,7 @@ class SimFleet:
         if self.ports and len(self.ports) != len(self.roles):
             raise ValueError("need one port per instance")
         self.enable_prefix_caching = enable_prefix_caching
+        self.trace_dir = trace_dir
         self.instances: list[SimInstance] = []
         self._servers: list[asyncio.AbstractServer] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,7 +98,7 @@ class SimFleet:
         registry: dict[str, SimEngine] = {}
         for k, role in enumerate(self.roles):
             eng = SimEngine(self.role_profiles[role], self.clock, f"sim-{role}-{k}", self.policy, registry,
-                            self.enable_prefix_caching)
+                            self.enable_prefix_caching, self.trace_dir)
             inst = SimInstance(eng, self.model, role, self.host)
             server = await start_server(inst.handle, self.host, self.ports[k] if self.ports else 0)
             inst.port = server.sockets[0].getsockname()[1]

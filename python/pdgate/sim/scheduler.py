@@ -82,6 +82,7 @@ class SimRequest:
     num_cached_tokens: int = -1
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
+    kv_loaded_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
     finished_s: float | None = None
