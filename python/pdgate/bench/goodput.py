@@ -188,6 +188,38 @@ def _update_readme(doc: dict[str, Any]) -> None:
     print(f"updated the goodput summary in {os.path.normpath(path)}")
 
 
+def checkpoint_open(path: str, settings: dict[str, Any], resume: bool
+                    ) -> tuple[list[dict[str, Any]], set[tuple[str, str, float, str]]]:
+    """Start the suite's checkpoint (one JSON line per finished run, after a settings line).
+
+    With ``resume`` and a checkpoint there, returns its runs and their
+    ``(trace, fleet, rate, config)`` keys, and appends to it; otherwise starts a
+    new one. Failed runs are not kept (they run again).
+
+    Raises:
+        ValueError: the checkpoint was written with other settings (speed,
+            profile, SLOs, decode set, window, seed).
+    """
+    runs: list[dict[str, Any]] = []
+    if resume and os.path.exists(path):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines or lines[0].get("settings") != settings:
+            raise ValueError(f"{path} was written with other settings ({lines[0].get('settings') if lines else '-'}"
+                             f" vs {settings}); run without --resume to start afresh")
+        runs = [r for r in lines[1:] if "error" not in r]
+    else:
+        with open(path, "w") as f:
+            f.write(json.dumps({"settings": settings}) + "\n")
+    return runs, {(r["trace"], r["fleet"], float(r["rate_scale"]), r["config"]) for r in runs}
+
+
+def checkpoint_add(path: str, run: dict[str, Any]) -> None:
+    """Append one finished (or failed) run to the checkpoint."""
+    with open(path, "a") as f:
+        f.write(json.dumps(run) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2P2D, Azure + a short Mooncake window (< 10 min)")
@@ -216,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the summary table into README.md between its goodput-summary markers")
     ap.add_argument("--from-json", help="no runs: rebuild the markdown (and README table) from this JSON")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs a stopped suite already finished (its <stem>.partial.jsonl in --out, "
+                         "same settings) and run only the rest")
     args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
@@ -245,7 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     t_start = time.monotonic()
     log_dir = tempfile.mkdtemp(prefix="pdgate-goodput-")
-    runs: list[dict[str, Any]] = []
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "goodput_quick" if quick else "goodput")
+    settings = {"speed": args.speed, "profile": args.profile, "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot,
+                "decode_set": list(args.decode_set), "window_s": args.window_s,
+                "window_start_s": args.window_start_s, "seed": args.seed}
+    try:
+        runs, done = checkpoint_open(stem + ".partial.jsonl", settings, args.resume)
+    except ValueError as e:
+        print(f"goodput: {e}", file=sys.stderr)
+        return 2
+    todo = [(t, f, r, s) for t in traces for f in fleets
+            for r in (args.rates or WINDOWS[(t, quick)][2]) for s in specs if (t, f, r, s.label) not in done]
+    est = sum((args.window_s or WINDOWS[(t, quick)][1]) / (r * args.speed) + 10.0 for t, _, r, _ in todo)
+    print(f"{len(todo)} runs to go ({len(done)} kept from a stopped suite), about {est / 60:.0f} min", flush=True)
     for tname in traces:
         trace = load_trace(TRACES[tname], seed=args.seed)
         start, length, rates = WINDOWS[(tname, quick)]
@@ -254,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         for fleet in fleets:
             for rate in args.rates or rates:
                 for spec in specs:
+                    if (tname, fleet, rate, spec.label) in done:
+                        continue
                     print(f"[{time.monotonic() - t_start:6.0f}s] {tname} {fleet} rate x{rate:g} {spec.label} ...",
                           flush=True)
                     try:
@@ -273,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"    FAILED: {e!r}"[:2000], flush=True)
                         runs.append({"trace": tname, "fleet": fleet, "rate_scale": rate, "config": spec.label,
                                      "error": repr(e)[:2000]})
+                        checkpoint_add(stem + ".partial.jsonl", runs[-1])
                         continue
                     m = r["metrics"]
                     print(f"    {m['completed']}/{m['total_requests']} ok, TTFT p50 {m['ttft'].get('p50_ms', 0):.0f} ms "
@@ -280,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"SLO {r['slo_attainment']['1'] * 100:.1f}%, lag {r['fleet_stats']['mean_loop_lag_ms']:.2f} ms,"
                           f" {r['wall_s']:.0f} s wall", flush=True)
                     runs.append(r)
+                    checkpoint_add(stem + ".partial.jsonl", r)
     try:
         ver = subprocess.run([vllm_router_bin() or "vllm-router", "--version"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -302,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                                         ("instance", "route", "admission")], "logs": log_dir},
            "runs": ok, "failed_runs": [r for r in runs if "error" in r]}
     doc["target"] = target_checks(doc)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "goodput_quick" if quick else "goodput")
+    if done:
+        doc["meta"]["resumed_runs"] = len(done)
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=1)
     md = goodput_markdown(doc)
@@ -330,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     if args.update_readme:
         _update_readme(doc)
+    os.remove(stem + ".partial.jsonl")  # the suite is whole: a later --resume starts afresh
     print(f"wrote {stem}.json, {stem}.md and {len(plots)} plots in {time.monotonic() - t_start:.0f} s")
     return 0 if ok else 1
 
