@@ -39,4 +39,9 @@ if [ -z "${PDGATE_NO_VLLM:-}" ]; then
   # `import transformers` ("operator torchvision::nms does not exist").
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# ucxx (the UCX Python API that succeeds ucx-py) is a peer of bench/transfer_bench.py. Its
+# wheels declare CUDA Python packages (cupy, numba-cuda) that the host-memory benchmark never
+# imports, so it goes in without dependencies (versions matching the libucx-cu12 1.22 wheel).
+"$VENV/bin/python" -m pip install -q --no-deps "ucxx-cu12==0.52.*" "libucxx-cu12==0.52.*" \
+  "librmm-cu12==26.10.*" rapids-logger
 echo "setup: pdgate $("$VENV/bin/python" -c 'import pdgate; print(pdgate.__version__)') ready in $VENV"
