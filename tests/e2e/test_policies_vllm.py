@@ -143,42 +143,68 @@ def test_pooled_late_binding_burst_all_token_exact(fleet_1p2d: LocalFleet) -> No
 
 
 def test_pooled_long_last_serves_later_shorts_first_token_exact(fleet_1p2d: LocalFleet) -> None:
-    """``pooled`` with ``order: long_last`` on the real fleet: four long prompts (over the 600-token
-    threshold) sent ahead of eight short ones: those that find no free executor wait while the
-    shorts are routed; every answer equals the single-server greedy reference, and the last long
-    prompt ends after every short one (under ``fcfs`` it, sent first, would be routed first)."""
+    """``pooled`` with ``order: long_last`` on the real fleet: three blockers take every executor
+    (the prefill instance, and each decode instance for a deflected prefill); two long prompts
+    (over the 600-token threshold) then queue at the gateway, and six short ones queue after
+    them. The gateway routes the six shorts before the two longs (under ``fcfs`` the longs,
+    queued first, would go first; the order is read from the gateway's debug ``route`` lines).
+    Every answer equals the single-server greedy reference (computed after the burst, so no
+    prompt sits in a prefix cache during it)."""
+    import logging
+    import re
     import time
+
+    routed: list[int] = []
+
+    class RouteLines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            m = re.match(r"route \S+: .* tokens=(\d+)", record.getMessage())
+            if m:
+                routed.append(int(m.group(1)))
 
     gw = InProcessGateway(fleet_1p2d, route_policy="pooled",
                           pooled={"order": "long_last", "long_threshold_tokens": 600, "aging_rate": 0.0,
                                   "max_queue_s": 0.05, "max_in_flight": 1, "max_local_prefills": 1,
                                   "tick_s": 0.01},
                           slo={"classes": {"default": {"ttft_s": 10000.0, "tpot_s": 10000.0}}})
+    proxy_log = logging.getLogger("pdgate.proxy")
+    handler, level = RouteLines(), proxy_log.level
+    proxy_log.addHandler(handler)
+    proxy_log.setLevel(logging.DEBUG)
     try:
-        sizes = [700 + 10 * i for i in range(4)] + [150 + 20 * i for i in range(8)]
-        reqs = [body(prompt_ids(n, seed=1100 + i), max_tokens=8) for i, n in enumerate(sizes)]
-        refs = [reference(fleet_1p2d, r) for r in reqs]
+        sizes = [3000, 3010, 3020] + [700, 710] + [150 + 20 * i for i in range(6)]
+        reqs = [body(prompt_ids(n, seed=1300 + i), max_tokens=8) for i, n in enumerate(sizes)]
 
-        async def timed(c: httpx.AsyncClient, r: dict) -> tuple[list[int], float]:
-            ids = await acomplete(c, gw.url, r)
-            return ids, time.monotonic()
+        async def until(c: httpx.AsyncClient, metric: str, value: float) -> None:
+            deadline = time.monotonic() + 10.0
+            while True:
+                text = (await c.get(gw.url + "/metrics")).text
+                got = sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(metric))
+                if got >= value:
+                    return
+                assert time.monotonic() < deadline, f"{metric} stayed at {got} < {value}"
+                await asyncio.sleep(0.02)
 
-        async def burst() -> list[tuple[list[int], float]]:
-            async with httpx.AsyncClient() as c:
-                return await asyncio.gather(*(timed(c, r) for r in reqs))
+        async def burst() -> list[list[int]]:
+            async with httpx.AsyncClient(timeout=300.0) as c:
+                tasks = [asyncio.create_task(acomplete(c, gw.url, r)) for r in reqs[:3]]
+                await until(c, "pdgate_route_decisions_total{", 3)          # every executor taken
+                tasks += [asyncio.create_task(acomplete(c, gw.url, r)) for r in reqs[3:5]]
+                await until(c, "pdgate_admission_waiting_requests", 2)     # the long ones queued
+                tasks += [asyncio.create_task(acomplete(c, gw.url, r)) for r in reqs[5:]]
+                return await asyncio.gather(*tasks)
 
         got = asyncio.run(burst())
-        assert [ids for ids, _ in got] == refs
-        ends = [t for _, t in got]
-        long_ends, short_ends = sorted(ends[:4]), sorted(ends[4:])
-        # the first longs are routed at once (empty queue, free executors); a long one that had to
-        # wait is routed only when no short one waits, so it ends last (under fcfs it would go first)
-        assert long_ends[-1] > short_ends[-1], (long_ends, short_ends)
-        assert gw.counter("pdgate_admission_wait_seconds_count") >= 4
+        assert got == [reference(fleet_1p2d, r) for r in reqs]
+        assert sorted(routed[:3]) == sizes[:3], routed
+        assert sorted(routed[3:9]) == sorted(sizes[5:]) and sorted(routed[9:]) == sizes[3:5], routed
+        assert gw.counter("pdgate_admission_wait_seconds_count") >= 8    # longs and shorts were queued
         assert gw.counter("pdgate_admission_waiting_requests") == 0
         inst = httpx.get(gw.url + "/health").json()["instances"]
         assert all(i["in_flight"] == 0 and i["prefill_jobs"] == 0 and i["deflected_in_flight"] == 0 for i in inst)
     finally:
+        proxy_log.removeHandler(handler)
+        proxy_log.setLevel(level)
         gw.close()
 
 

@@ -274,19 +274,35 @@ class VllmServer:
         return data[-n_bytes:].decode("utf-8", "replace")
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the process group, SIGKILL after ``timeout_s`` seconds."""
+        """SIGTERM the server process, then SIGKILL what is left of its process group.
+
+        vLLM's API server shuts its engine core down on SIGTERM, and the
+        engine unlinks its shared-memory queues (``/dev/shm/psm_*``) on the
+        way out; signalling the whole group at once kills the engine (and
+        multiprocessing's resource tracker) before that, leaking them. So the
+        leader gets SIGTERM and ``timeout_s`` seconds, the rest of the group
+        up to 5 s more to exit, then SIGKILL.
+        """
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=timeout_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        if proc is not None:
+            deadline = time.monotonic() + 5.0  # let the engine core finish its own exit
+            try:
+                while time.monotonic() < deadline:
+                    os.killpg(proc.pid, 0)
+                    time.sleep(0.1)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                pass
         if self._log is not None:
             self._log.close()
             self._log = None
