@@ -128,7 +128,7 @@ class SimEngine:
 
         def on_token(r: SimRequest, t: float) -> None:
             if self.trace is not None and r.seen_output == 0 and r.num_output >= 1:
-                self.trace.first_token("pd" if r.remote_prefill else "local", r.prompt_len, r.arrival_s,
+                self.trace.first_token("pd" if r.kv_loaded_s is not None else "local", r.prompt_len, r.arrival_s,
                                        r.kv_loaded_s, t)
             if r.num_output > r.seen_output:
                 metrics.on_tokens(r, t)

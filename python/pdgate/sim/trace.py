@@ -8,8 +8,9 @@ and every simulated engine writes two CSV files there:
   ``decode_seqs``, ``waiting`` and ``running`` (requests, after scheduling);
 - ``<engine>.requests.csv``: one line per first token: ``kind`` (``pd``:
   a consumer whose KV came from a prefill instance; ``local``: prefilled
-  here), ``prompt_tokens``, ``arrival_s``, ``kv_loaded_s`` (``pd`` only,
-  else -1) and ``first_token_s``.
+  here, a consumer whose KV load failed included), ``prompt_tokens``,
+  ``arrival_s``, ``kv_loaded_s`` (``pd`` only, else -1) and
+  ``first_token_s``.
 
 The environment variable reaches the simulator processes the benchmarks
 start, so ``PDGATE_SIM_TRACE_DIR=/tmp/t bench/goodput.py ...`` traces a run.
