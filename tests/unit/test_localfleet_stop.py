@@ -106,3 +106,39 @@ def test_stop_of_a_server_that_already_exited(tmp_path: Path, mode: str) -> None
     srv.proc.wait(10)  # type: ignore[union-attr]
     srv.stop(timeout_s=1)
     assert srv.proc is None
+
+
+CRASHER = """
+import sys, time
+from multiprocessing import shared_memory
+shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+open(sys.argv[1], "w").write(shm.name)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stop_removes_the_shared_memory_a_killed_server_leaked(tmp_path: Path) -> None:
+    """A server killed with its whole group (a crash, or a test's SIGKILL) leaves its
+    ``/dev/shm/psm_*`` queue behind; ``stop`` removes what ``record_shm`` noted."""
+    from pdgate.localfleet.vllm_server import shm_files
+
+    name_file = tmp_path / "name"
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(name_file)], start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not name_file.exists() or not name_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "crasher did not start"
+        time.sleep(0.02)
+    path = "/dev/shm/" + name_file.read_text()
+    srv = VllmServer(None)  # type: ignore[arg-type]
+    srv.proc = proc
+    deadline = time.monotonic() + 5
+    while path not in shm_files(proc.pid):
+        assert time.monotonic() < deadline, f"{path} not among {shm_files(proc.pid)}"
+        time.sleep(0.02)
+    srv.record_shm()
+    os.killpg(proc.pid, signal.SIGKILL)  # the resource tracker dies with it: nobody unlinks
+    proc.wait(10)
+    assert os.path.exists(path)
+    srv.stop(timeout_s=1)
+    assert not os.path.exists(path)

@@ -174,6 +174,26 @@ class VllmServerSpec:
         return env
 
 
+def shm_files(pgid: int) -> set[str]:
+    """``/dev/shm/psm_*`` and ``/dev/shm/sem.mp-*`` files mapped by the processes of
+    process group ``pgid`` (from ``/proc/<pid>/maps``; unreadable processes are skipped)."""
+    out: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
+            if path.startswith(("/dev/shm/psm_", "/dev/shm/sem.mp-")) and not path.endswith("(deleted)"):
+                out.add(path)
+    return out
+
+
 class VllmServer:
     """A running vLLM server process; stop it with :meth:`stop` (idempotent)."""
 
@@ -181,6 +201,7 @@ class VllmServer:
         self.spec = spec
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._shm: set[str] = set()
 
     @property
     def url(self) -> str:
@@ -212,6 +233,7 @@ class VllmServer:
                 raise RuntimeError(f"vLLM server on {self.url} exited:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    self.record_shm()
                     return
             except httpx.HTTPError:
                 pass
@@ -273,6 +295,14 @@ class VllmServer:
         data = Path(path).read_bytes()
         return data[-n_bytes:].decode("utf-8", "replace")
 
+    def record_shm(self) -> None:
+        """Note the ``/dev/shm`` files the server's processes map (vLLM's shared-memory
+        queues, ``psm_*``, and multiprocessing semaphores, ``sem.mp-*``), so that
+        :meth:`stop` can remove them if the server dies without unlinking them
+        (killed, or crashed)."""
+        if self.proc is not None:
+            self._shm |= shm_files(self.proc.pid)
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the server process, then SIGKILL what is left of its process group.
 
@@ -281,7 +311,9 @@ class VllmServer:
         way out; signalling the whole group at once kills the engine (and
         multiprocessing's resource tracker) before that, leaking them. So the
         leader gets SIGTERM and ``timeout_s`` seconds, the rest of the group
-        up to 5 s more to exit, then SIGKILL.
+        up to 5 s more to exit, then SIGKILL. The shared-memory files noted by
+        :meth:`record_shm` (at :meth:`wait_ready`) that are still there after
+        that are removed: a server killed mid-test leaks them otherwise.
         """
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
@@ -303,6 +335,12 @@ class VllmServer:
                 proc.wait(timeout=10.0)
             except subprocess.TimeoutExpired:
                 pass
+        for path in self._shm:  # the processes are gone: what they did not unlink is leaked
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._shm = set()
         if self._log is not None:
             self._log.close()
             self._log = None
