@@ -45,8 +45,12 @@ class InProcessGateway:
         self.thread.join(10)
 
     def counter(self, prefix: str) -> float:
-        text = httpx.get(self.url + "/metrics").text
-        return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(prefix))
+        return metric_sum(httpx.get(self.url + "/metrics").text, prefix)
+
+
+def metric_sum(text: str, prefix: str) -> float:
+    """Sum of the samples in a Prometheus text page whose line starts with ``prefix``."""
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(prefix))
 
 
 def reference(fleet: LocalFleet, req: dict) -> list[int]:
@@ -177,8 +181,7 @@ def test_pooled_long_last_serves_later_shorts_first_token_exact(fleet_1p2d: Loca
         async def until(c: httpx.AsyncClient, metric: str, value: float) -> bool:
             deadline = time.monotonic() + 10.0
             while True:
-                text = (await c.get(gw.url + "/metrics")).text
-                got = sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(metric))
+                got = metric_sum((await c.get(gw.url + "/metrics")).text, metric)
                 if got >= value:
                     return True
                 if time.monotonic() > deadline:
@@ -195,11 +198,9 @@ def test_pooled_long_last_serves_later_shorts_first_token_exact(fleet_1p2d: Loca
                 # all eight queued before an executor freed (else the order is the race's, not the policy's)
                 while ok:
                     text = (await c.get(gw.url + "/metrics")).text
-                    m = {k: sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(k))
-                         for k in ("pdgate_admission_waiting_requests", "pdgate_route_decisions_total{")}
-                    if m["pdgate_admission_waiting_requests"] >= 8:
+                    if metric_sum(text, "pdgate_admission_waiting_requests") >= 8:
                         break
-                    ok = m["pdgate_route_decisions_total{"] <= base + 3
+                    ok = metric_sum(text, "pdgate_route_decisions_total{") <= base + 3
                     await asyncio.sleep(0.005)
                 return await asyncio.gather(*tasks), ok
 

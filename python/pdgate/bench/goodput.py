@@ -282,11 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = tempfile.mkdtemp(prefix="pdgate-goodput-")
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "goodput_quick" if quick else "goodput")
+    ckpt = stem + ".partial.jsonl"
     settings = {"speed": args.speed, "profile": args.profile, "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot,
                 "decode_set": list(args.decode_set), "window_s": args.window_s,
                 "window_start_s": args.window_start_s, "seed": args.seed}
     try:
-        runs, done = checkpoint_open(stem + ".partial.jsonl", settings, args.resume)
+        runs, done = checkpoint_open(ckpt, settings, args.resume)
     except ValueError as e:
         print(f"goodput: {e}", file=sys.stderr)
         return 2
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"    FAILED: {e!r}"[:2000], flush=True)
                         runs.append({"trace": tname, "fleet": fleet, "rate_scale": rate, "config": spec.label,
                                      "error": repr(e)[:2000]})
-                        checkpoint_add(stem + ".partial.jsonl", runs[-1])
+                        checkpoint_add(ckpt, runs[-1])
                         continue
                     m = r["metrics"]
                     print(f"    {m['completed']}/{m['total_requests']} ok, TTFT p50 {m['ttft'].get('p50_ms', 0):.0f} ms "
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"SLO {r['slo_attainment']['1'] * 100:.1f}%, lag {r['fleet_stats']['mean_loop_lag_ms']:.2f} ms,"
                           f" {r['wall_s']:.0f} s wall", flush=True)
                     runs.append(r)
-                    checkpoint_add(stem + ".partial.jsonl", r)
+                    checkpoint_add(ckpt, r)
     try:
         ver = subprocess.run([vllm_router_bin() or "vllm-router", "--version"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     if args.update_readme:
         _update_readme(doc)
-    os.remove(stem + ".partial.jsonl")  # the suite is whole: a later --resume starts afresh
+    os.remove(ckpt)  # the suite is whole: a later --resume starts afresh
     print(f"wrote {stem}.json, {stem}.md and {len(plots)} plots in {time.monotonic() - t_start:.0f} s")
     return 0 if ok else 1
 

@@ -28,7 +28,6 @@ import argparse
 import csv
 import glob
 import os
-import statistics
 from typing import IO, Any
 
 ENV = "PDGATE_SIM_TRACE_DIR"
