@@ -252,6 +252,26 @@ class PooledConfig(_Strict):
     tick_s: float = Field(default=0.02, gt=0)
 
 
+class FirstTokenConfig(_Strict):
+    """Streaming a P/D request's first token from the prefill instance
+    (:mod:`pdgate.gateway.first_token`; DistServe and Splitwise count TTFT
+    at the end of the prefill phase).
+
+    Attributes:
+        from_prefill: send the prefill leg's sampled token to the client as
+            soon as the prefill leg answers, for streamed greedy requests,
+            instead of waiting for the decode instance's first token (which
+            waits for the KV transfer and a step with room). The time until
+            token two grows by as much, so TPOT of short answers rises.
+        min_wait_s: only for requests that have waited at least this long
+            (seconds since arrival) when their prefill leg answers: those at
+            risk of missing the TTFT target; 0: every eligible request.
+    """
+
+    from_prefill: bool = False
+    min_wait_s: float = Field(default=0.0, ge=0)
+
+
 class PredictorConfig(_Strict):
     """Latency predictor coefficients (see :mod:`pdgate.predictor`).
 
@@ -480,6 +500,8 @@ class GatewayConfig(_Strict):
         host / port: where the gateway listens.
         prefill_policy / decode_policy / route_policy / admission_policy:
             routing policy names from :mod:`pdgate.policies`.
+        first_token: whether a P/D request's first token may come from its
+            prefill leg.
         timeouts: per-leg timeouts.
         upstream: HTTP client of the request legs.
         max_body_bytes: request bodies above this are refused with 413.
@@ -516,6 +538,7 @@ class GatewayConfig(_Strict):
     deflection: DeflectionConfig = Field(default_factory=DeflectionConfig)
     goodput: GoodputConfig = Field(default_factory=GoodputConfig)
     pooled: PooledConfig = Field(default_factory=PooledConfig)
+    first_token: FirstTokenConfig = Field(default_factory=FirstTokenConfig)
     slo: SloConfig = Field(default_factory=SloConfig)
     predictor: PredictorConfig = Field(default_factory=PredictorConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)

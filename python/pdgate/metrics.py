@@ -87,6 +87,11 @@ class GatewayMetrics:
             "pdgate_prefill_fallbacks",
             "Requests the decode instance served whole because the prefill leg failed.",
             ["reason"], registry=r)
+        self.prefill_first_tokens = Counter(
+            "pdgate_prefill_first_tokens",
+            "P/D requests whose first token was streamed from the prefill leg (outcome=sent), and those "
+            "whose decode stream then did not start with it (outcome=mismatch).",
+            ["outcome"], registry=r)
         self.dropped_kv_params = Counter(
             "pdgate_client_kv_transfer_params_dropped",
             "Client-supplied kv_transfer_params removed before forwarding.", registry=r)

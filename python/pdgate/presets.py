@@ -83,6 +83,12 @@ def routing_presets(profile: str | None = None, speed: float = 1.0, slo_ttft_s: 
         # Azure code trace) until they waited 10 simulated s longer: the order that minimizes the
         # pooled fluid model's P95 TTFT here (bench/fluid_bound.py, `long_last`)
         "pooled+longlast": pooled("long_last", long_threshold_tokens=6000, aging_rate=0.1 * speed),
+        # the same, and a P/D request that waited 1 simulated s or more by the end of its prefill
+        # gets its first token from the prefill leg (pdgate.gateway.first_token): its TTFT does not
+        # wait for the KV transfer and a decode step with room; waiting no longer than that, it keeps
+        # its first token from the decode instance, so short answers keep their TPOT
+        "pooled+longlast+ft": {**pooled("long_last", long_threshold_tokens=6000, aging_rate=0.1 * speed),
+                               "first_token": {"from_prefill": True, "min_wait_s": 1.0 / speed}},
         "goodput+deadline": {**common, "route_policy": "goodput", "admission_policy": "deadline",
                              "priority": {"aging_rate": 0.0, "max_wait_s": 60.0 / speed}},
     }

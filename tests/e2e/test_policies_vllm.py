@@ -62,13 +62,15 @@ def burst_token_exact(fleet: LocalFleet, gw: InProcessGateway, sizes_seeds: list
     answer equals the single-server reference and that both deflected and P/D requests were among
     them. Returns the (deflect, pd) decision counts."""
     reqs = [body(prompt_ids(n, seed=seed), max_tokens=10) for n, seed in sizes_seeds]
-    refs = [reference(fleet, r) for r in reqs]
 
     async def burst() -> list[list[int]]:
         async with httpx.AsyncClient() as c:
             return await asyncio.gather(*(acomplete(c, gw.url, r) for r in reqs))
 
-    assert asyncio.run(burst()) == refs
+    got = asyncio.run(burst())
+    # references after the burst: computed first, they would sit in the prefill instance's prefix
+    # cache, its prefills would be near free and the burst might never deflect
+    assert got == [reference(fleet, r) for r in reqs]
     deflected = gw.counter('pdgate_route_decisions_total{choice="deflect"')
     pd = gw.counter('pdgate_route_decisions_total{choice="pd"')
     assert deflected >= 1 and pd >= 1 and deflected + pd == len(reqs)
@@ -262,5 +264,61 @@ def test_decode_crash_mid_stream_then_retry_on_the_other_decode(fleet_1p2d: Loca
             assert token_ids(complete(gw.url, r2)) == reference(fleet_1p2d, r2)
         assert gw.counter("pdgate_requests_total") >= 4
         assert survivor.proc is not None and survivor.proc.poll() is None
+    finally:
+        gw.close()
+
+
+def test_first_token_from_prefill_is_token_exact(fleet_1p2d: LocalFleet) -> None:
+    """``first_token.from_prefill``: a P/D request's first streamed token is the prefill
+    instance's own sample; the decode instance's copy of it is removed from the stream. Token
+    ids and text equal the single-server greedy answer, completions and chat."""
+    import json
+
+    from pdgate.gateway.first_token import first_text
+
+    def stream_text(url: str, req: dict, endpoint: str) -> tuple[str, list[int], list[list[int]]]:
+        """(text, token ids, token ids per event: vLLM may merge tokens into one event)."""
+        text, ids, events = "", [], []
+        with httpx.stream("POST", f"{url}/v1/{endpoint}", json=req, timeout=180) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[6:])
+                assert "error" not in obj, obj
+                for c in obj.get("choices", []):
+                    text += ((c.get("delta") or {}).get("content") if "delta" in c else c.get("text")) or ""
+                    ids += c.get("token_ids") or []
+                    events.append(c.get("token_ids") or [])
+        return text, ids, events
+
+    gw = InProcessGateway(fleet_1p2d, first_token={"from_prefill": True})
+    try:
+        for n in (40, 333, 900):
+            # a prompt whose first token is text of its own (the tiny model may answer a special
+            # token, empty once detokenized, or half a UTF-8 character: those are not sent early)
+            for seed in range(1200, 1220):
+                r = body(prompt_ids(n, seed=seed), max_tokens=9)
+                if first_text(complete(fleet_1p2d.prefill_urls[0], {**r, "max_tokens": 1}), chat=False):
+                    break
+            ref = complete(fleet_1p2d.prefill_urls[0], r)
+            text, ids, events = stream_text(gw.url, {**r, "stream": True}, "completions")
+            assert ids == token_ids(ref) and text == ref["choices"][0]["text"]
+            assert events[0] == ids[:1] and len(events) >= 2  # the first token alone, then the rest
+        chat_url = fleet_1p2d.prefill_urls[0] + "/v1/chat/completions"
+        for word in ("cache", "block", "prefill", "decode", "token", "queue", "batch", "step"):
+            msgs = [{"role": "user", "content": f"Count the ways a {word} can miss."}]
+            chat = {"model": r["model"], "messages": msgs, "max_tokens": 7, "temperature": 0, "ignore_eos": True}
+            one = httpx.post(chat_url, json={**chat, "max_tokens": 1}, timeout=180).json()
+            if first_text(one, chat=True) is not None:
+                break
+        else:
+            pytest.fail("no chat prompt starts with a text token")
+        ref = httpx.post(chat_url, json=chat, timeout=180).json()
+        text, _, _ = stream_text(gw.url, {**chat, "stream": True}, "chat/completions")
+        assert text == ref["choices"][0]["message"]["content"]
+        assert gw.counter('pdgate_prefill_first_tokens_total{outcome="sent"}') == 4
+        assert gw.counter('pdgate_prefill_first_tokens_total{outcome="mismatch"}') == 0
+        assert gw.counter('pdgate_requests_total{outcome="success",route="pd"}') == 4
     finally:
         gw.close()

@@ -238,8 +238,12 @@ class PDProxy(RelayMixin):
 
     async def _run_prefill(self, endpoint: str, body: dict[str, Any], info: RequestInfo,
                            headers: dict[str, str], inst: Instance,
-                           disconnected: Callable[[], Awaitable[Any]] | None = None) -> dict[str, Any] | None:
-        """Run the prefill leg on ``inst``; return its ``kv_transfer_params`` or ``None``.
+                           disconnected: Callable[[], Awaitable[Any]] | None = None,
+                           ) -> tuple[dict[str, Any] | None, Any]:
+        """Run the prefill leg on ``inst``.
+
+        Returns:
+            (``kv_transfer_params``, the whole JSON answer), or ``(None, None)``.
 
         Never raises for upstream trouble: every failure is a fallback,
         counted in ``pdgate_prefill_fallbacks_total{reason}``.
@@ -277,7 +281,7 @@ class PDProxy(RelayMixin):
                 params = data.get("kv_transfer_params") if isinstance(data, dict) else None
                 if isinstance(params, dict) and params:
                     self.predictor.observe_prefill(ahead, n, time.monotonic() - start)
-                    return params
+                    return params, data
                 reason = "no_kv_transfer_params"
         except httpx.TimeoutException:
             reason = "timeout"
@@ -294,7 +298,7 @@ class PDProxy(RelayMixin):
                 self.admission.release(entry)
             self._release(inst)
         self.metrics.prefill_fallbacks.labels(reason or "error").inc()
-        return None
+        return None, None
 
     # -- whole request -----------------------------------------------------
     async def handle(self, endpoint: str, body: dict[str, Any], client_headers: dict[str, str],
@@ -328,12 +332,12 @@ class PDProxy(RelayMixin):
             self.metrics.requests.labels("none", "cancelled").inc()
             raise
         info.doomed = decision.predicted.get("miss", 0.0) >= 1.0
-        kv_params = None
+        kv_params = answer = None
         prefill_span = 0.0
         if decision.kind == "pd" and decision.prefill is not None:
             t_pre = time.monotonic()
             try:
-                kv_params = await self._run_prefill(endpoint, body, info, headers, decision.prefill,
+                kv_params, answer = await self._run_prefill(endpoint, body, info, headers, decision.prefill,
                                                     disconnected)
             except (GatewayError, asyncio.CancelledError):
                 self.metrics.requests.labels("pd", "cancelled").inc()
@@ -344,6 +348,13 @@ class PDProxy(RelayMixin):
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
         stream = bool(body.get("stream"))
+        early = self._first_token(endpoint, body, answer, arrival) if kv_params is not None else None
+        if early is not None:  # the client's first token comes from the prefill leg
+            return StreamingResponse(
+                self._relay_after_first_token(early, endpoint, decode_body, info, headers, route, decision,
+                                              arrival, arrival + prefill_span),
+                status_code=200, media_type="text/event-stream",
+                headers={"X-Request-Id": request_id, "Cache-Control": "no-cache"})
         resp, leg, first, rest = await self._send_decode(endpoint, decode_body, info, headers, route,
                                                          decision, stream, arrival + prefill_span)
         inst = leg.inst

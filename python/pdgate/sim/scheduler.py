@@ -61,6 +61,9 @@ class SimRequest:
         do_remote_decode: producer of a P/D pair (prefill instance).
         remote_prefill: consumer of a P/D pair (decode instance): the
             ``kv_transfer_params`` it was given.
+        output_seed: the answer's tokens are a function of this and their
+            position (the server derives it from the prompt, so two instances
+            given one prompt answer the same tokens, as greedy vLLM does).
         on_token: called as ``on_token(req, now_s)`` after each new token and
             once more on finish/abort (engine hook).
     """
@@ -89,6 +92,7 @@ class SimRequest:
     hold_until_s: float | None = None
     finish_reason: str | None = None
     seq: int = 0
+    output_seed: int = 0
     seen_output: int = 0
     prev_token_s: float | None = None
 

@@ -271,7 +271,8 @@ class SimInstance:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{http_req.headers.get('x-request-id', 'sim')}-{next(_ids)}"
         bs = self.engine.profile.block_size
         sreq = SimRequest(rid, len(ids), max_tokens, block_hashes=block_hashes(ids, bs), priority=priority,
-                          do_remote_decode=producer, remote_prefill=consumer)
+                          do_remote_decode=producer, remote_prefill=consumer,
+                          output_seed=zlib.crc32(str(ids).encode()))
         ev = _Signal()
         sreq.on_token = ev.fire
         self.engine.submit(sreq)
@@ -308,7 +309,7 @@ class SimInstance:
         return json_response(out)
 
     def _token_id(self, req: SimRequest, i: int) -> int:
-        return (hash((req.request_id, i)) & 0x7FFFFFFF) % self.engine.profile.vocab_size
+        return (hash((req.output_seed, i)) & 0x7FFFFFFF) % self.engine.profile.vocab_size
 
     def _usage(self, req: SimRequest) -> dict[str, Any]:
         return {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
