@@ -42,7 +42,7 @@ def test_resume_runs_only_what_is_missing(tmp_path: Path, monkeypatch: pytest.Mo
     if gp.vllm_router_bin() is None:
         pytest.skip("vllm-router not installed (bench extra)")
     kept = _committed_run("vllm-router/round_robin")
-    fresh = _committed_run("pdgate/pooled+longlast")
+    fresh = _committed_run("pdgate/pooled+sjf")
     ran: list[str] = []
 
     def fake_run_one(spec: Any, *a: Any, **k: Any) -> dict[str, Any]:
@@ -53,11 +53,11 @@ def test_resume_runs_only_what_is_missing(tmp_path: Path, monkeypatch: pytest.Mo
     path = tmp_path / "goodput_quick.partial.jsonl"
     path.write_text(json.dumps({"settings": SETTINGS}) + "\n" + json.dumps(kept) + "\n")
     argv = ["--quick", "--traces", "azure-code", "--rates", "3", "--configs", "vllm-router/round_robin",
-            "pooled+longlast", "--out", str(tmp_path), "--resume"]
+            "pooled+sjf", "--out", str(tmp_path), "--resume"]
     assert gp.main(argv) == 0
-    assert ran == ["pdgate/pooled+longlast"]
+    assert ran == ["pdgate/pooled+sjf"]
     doc = json.loads((tmp_path / "goodput_quick.json").read_text())
-    assert sorted(r["config"] for r in doc["runs"]) == ["pdgate/pooled+longlast", "vllm-router/round_robin"]
+    assert sorted(r["config"] for r in doc["runs"]) == ["pdgate/pooled+sjf", "vllm-router/round_robin"]
     assert doc["meta"]["resumed_runs"] == 1 and not path.exists()
     path.write_text(json.dumps({"settings": {**SETTINGS, "speed": 4.0}}) + "\n")
-    assert gp.main(argv) == 2 and ran == ["pdgate/pooled+longlast"]
+    assert gp.main(argv) == 2 and ran == ["pdgate/pooled+sjf"]

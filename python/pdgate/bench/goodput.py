@@ -89,9 +89,9 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
     admission preset of :func:`pdgate.presets.routing_presets` (predictor seeded from ``profile``,
     SLOs and clocks scaled to the simulator's ``speed``); the aggregated reference.
 
-    The quick set keeps the route presets and pdgate's best (``pooled+longlast``, ``pooled+sjf``) and drops the
-    admission-only presets, ``goodput+sjf``, ``goodput+sjf+d4``, ``goodput+fcfs+d4`` and ``pooled`` (first come
-    first served), the
+    The quick set keeps the route presets and pdgate's best (``pooled+longlast+ft``, ``pooled+sjf``) and drops
+    the admission-only presets, ``goodput+sjf``, ``goodput+sjf+d4``, ``goodput+fcfs+d4``, ``pooled`` (first come
+    first served) and ``pooled+longlast`` (the best without the first token from the prefill leg), the
     ``power_of_two`` and ``prefix_aware`` instance policies and the second aggregated router (to stay under 10
     minutes)."""
     from pdgate.presets import routing_presets
@@ -104,7 +104,7 @@ def configs(quick: bool, profile: str = "a100-dsv2-lite", speed: float = 2.0, sl
         out.append(RouterSpec(f"pdgate/{p}", "pdgate", "pd", {"prefill_policy": p, "decode_policy": p}))
     presets = routing_presets(profile, speed, slo_ttft_s, slo_tpot_s, sim_words=True)
     full_suite_only = {"request_parallel", "priority", "goodput+deadline", "goodput+fcfs+d4", "goodput+sjf",
-                       "goodput+sjf+d4", "pooled"}
+                       "goodput+sjf+d4", "pooled", "pooled+longlast"}
     for label, cfg in presets.items():
         if quick and label in full_suite_only:
             continue
