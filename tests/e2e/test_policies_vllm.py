@@ -22,6 +22,7 @@ from pdgate.gateway import create_app
 from pdgate.localfleet import LocalFleet
 from tests.e2e.vllm_client import acomplete, body, complete, prompt_ids, stream_completion, token_ids
 from tests.fakes import serve_app_in_thread
+from tests.sse import read_stream
 
 pytestmark = pytest.mark.vllm
 
@@ -272,25 +273,7 @@ def test_first_token_from_prefill_is_token_exact(fleet_1p2d: LocalFleet) -> None
     """``first_token.from_prefill``: a P/D request's first streamed token is the prefill
     instance's own sample; the decode instance's copy of it is removed from the stream. Token
     ids and text equal the single-server greedy answer, completions and chat."""
-    import json
-
     from pdgate.gateway.first_token import first_text
-
-    def stream_text(url: str, req: dict, endpoint: str) -> tuple[str, list[int], list[list[int]]]:
-        """(text, token ids, token ids per event: vLLM may merge tokens into one event)."""
-        text, ids, events = "", [], []
-        with httpx.stream("POST", f"{url}/v1/{endpoint}", json=req, timeout=180) as r:
-            assert r.status_code == 200, r.read()
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                obj = json.loads(line[6:])
-                assert "error" not in obj, obj
-                for c in obj.get("choices", []):
-                    text += ((c.get("delta") or {}).get("content") if "delta" in c else c.get("text")) or ""
-                    ids += c.get("token_ids") or []
-                    events.append(c.get("token_ids") or [])
-        return text, ids, events
 
     gw = InProcessGateway(fleet_1p2d, first_token={"from_prefill": True})
     try:
@@ -302,9 +285,11 @@ def test_first_token_from_prefill_is_token_exact(fleet_1p2d: LocalFleet) -> None
                 if first_text(complete(fleet_1p2d.prefill_urls[0], {**r, "max_tokens": 1}), chat=False):
                     break
             ref = complete(fleet_1p2d.prefill_urls[0], r)
-            text, ids, events = stream_text(gw.url, {**r, "stream": True}, "completions")
-            assert ids == token_ids(ref) and text == ref["choices"][0]["text"]
-            assert events[0] == ids[:1] and len(events) >= 2  # the first token alone, then the rest
+            got = read_stream(gw.url, {**r, "stream": True}, "completions")
+            assert not got.errors, got.errors
+            assert got.ids == token_ids(ref) and got.text == ref["choices"][0]["text"]
+            events = got.ids_per_event
+            assert events[0] == got.ids[:1] and len(events) >= 2  # the first token alone, then the rest
         chat_url = fleet_1p2d.prefill_urls[0] + "/v1/chat/completions"
         for word in ("cache", "block", "prefill", "decode", "token", "queue", "batch", "step"):
             msgs = [{"role": "user", "content": f"Count the ways a {word} can miss."}]
@@ -315,8 +300,9 @@ def test_first_token_from_prefill_is_token_exact(fleet_1p2d: LocalFleet) -> None
         else:
             pytest.fail("no chat prompt starts with a text token")
         ref = httpx.post(chat_url, json=chat, timeout=180).json()
-        text, _, _ = stream_text(gw.url, {**chat, "stream": True}, "chat/completions")
-        assert text == ref["choices"][0]["message"]["content"]
+        got = read_stream(gw.url, {**chat, "stream": True}, "chat/completions")
+        assert not got.errors, got.errors
+        assert got.text == ref["choices"][0]["message"]["content"]
         assert gw.counter('pdgate_prefill_first_tokens_total{outcome="sent"}') == 4
         assert gw.counter('pdgate_prefill_first_tokens_total{outcome="mismatch"}') == 0
         assert gw.counter('pdgate_requests_total{outcome="success",route="pd"}') == 4

@@ -9,8 +9,6 @@ tokens for the same prompt, as greedy vLLM does).
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any, Iterator
 
 import httpx
@@ -21,6 +19,7 @@ from pdgate.gateway import create_app
 from pdgate.sim import SimFleet
 from tests.fakes import serve_app_in_thread
 from tests.sim.conftest import FAST
+from tests.sse import read_stream
 
 SLOW_KV = FAST.replace(kv_transfer_latency_s=0.6)
 
@@ -54,28 +53,6 @@ def gateways(fleet: SimFleet) -> Iterator[tuple[Gateway, Gateway]]:
     off.close()
 
 
-def stream(url: str, req: dict[str, Any], endpoint: str = "completions") -> tuple[float, str, list[int], list[dict]]:
-    """(seconds to the first content event, text, token ids, events)."""
-    t0 = time.monotonic()
-    first: float | None = None
-    text, ids, events = "", [], []
-    with httpx.stream("POST", f"{url}/v1/{endpoint}", json=req, timeout=30) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            events.append(obj)
-            for c in obj.get("choices", []):
-                piece = (c.get("delta") or {}).get("content") if endpoint == "chat/completions" else c.get("text")
-                if piece and first is None:
-                    first = time.monotonic() - t0
-                text += piece or ""
-                ids += c.get("token_ids") or []
-    assert first is not None, events
-    return first, text, ids, events
-
-
 def req(n: int, **kw: Any) -> dict[str, Any]:
     return {"model": "sim-model", "prompt": " ".join(f"w{7 * n + i}" for i in range(n)), "max_tokens": 6,
             "temperature": 0, "stream": True, "return_token_ids": True, "ignore_eos": True, **kw}
@@ -85,13 +62,13 @@ def test_first_token_comes_from_prefill_and_the_stream_is_unchanged(gateways: tu
     on, off = gateways
     for n in (20, 300):
         r = req(n, stream_options={"include_usage": True})
-        t_on, text_on, ids_on, ev_on = stream(on.url, r)
-        t_off, text_off, ids_off, ev_off = stream(off.url, r)
-        assert t_off >= 0.6 and t_on < 0.4, (t_on, t_off)      # before the KV transfer could end
-        assert (text_on, ids_on) == (text_off, ids_off) and len(ids_on) == 6
-        assert ev_on[-1]["usage"]["completion_tokens"] == 6
-        assert sum(1 for e in ev_on if e.get("choices")) == 6  # one event per token, the first not twice
-        assert len({e["id"] for e in ev_on}) >= 1
+        s_on, s_off = read_stream(on.url, r, timeout=30), read_stream(off.url, r, timeout=30)
+        assert s_on.first_s is not None and s_off.first_s is not None
+        assert s_off.first_s >= 0.6 and s_on.first_s < 0.4, (s_on.first_s, s_off.first_s)  # before the KV transfer
+        assert (s_on.text, s_on.ids) == (s_off.text, s_off.ids) and len(s_on.ids) == 6
+        assert s_on.events[-1]["usage"]["completion_tokens"] == 6
+        assert sum(1 for e in s_on.events if e.get("choices")) == 6  # one event per token, the first not twice
+        assert not s_on.errors
     assert on.counter('pdgate_prefill_first_tokens_total{outcome="sent"}') == 2
     assert on.counter('pdgate_prefill_first_tokens_total{outcome="mismatch"}') == 0
     assert on.counter('pdgate_requests_total{outcome="success",route="pd"}') == 2
@@ -102,11 +79,13 @@ def test_chat_first_token_from_prefill(gateways: tuple[Gateway, Gateway]) -> Non
     r = {"model": "sim-model", "messages": [{"role": "user", "content": "w1 w2 w3 w4"}], "max_tokens": 5,
          "temperature": 0, "stream": True, "ignore_eos": True}
     sent = on.counter('pdgate_prefill_first_tokens_total{outcome="sent"}')
-    t_on, text_on, _, ev_on = stream(on.url, r, "chat/completions")
-    t_off, text_off, _, _ = stream(off.url, r, "chat/completions")
-    assert t_on < 0.4 <= 0.6 <= t_off and text_on == text_off and len(text_on.split()) == 5
-    assert ev_on[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert sum(1 for e in ev_on if e["choices"][0]["delta"].get("role")) == 1
+    s_on = read_stream(on.url, r, "chat/completions", timeout=30)
+    s_off = read_stream(off.url, r, "chat/completions", timeout=30)
+    assert s_on.first_s is not None and s_off.first_s is not None
+    assert s_on.first_s < 0.4 <= 0.6 <= s_off.first_s
+    assert s_on.text == s_off.text and len(s_on.text.split()) == 5
+    assert s_on.events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(1 for e in s_on.events if e["choices"][0]["delta"].get("role")) == 1
     assert on.counter('pdgate_prefill_first_tokens_total{outcome="sent"}') == sent + 1
 
 
@@ -114,12 +93,12 @@ def test_not_eligible_or_not_waited_long_enough_keeps_the_decode_first_token(fle
                                                                              gateways: tuple[Gateway, Gateway]) -> None:
     on, _ = gateways
     sent = on.counter('pdgate_prefill_first_tokens_total{outcome="sent"}')
-    t, *_ = stream(on.url, req(30, temperature=0.5))   # sampled: the decode leg would sample its own
-    assert t >= 0.6
+    t = read_stream(on.url, req(30, temperature=0.5), timeout=30).first_s  # sampled: the decode leg samples its own
+    assert t is not None and t >= 0.6
     late = Gateway(fleet, first_token={"from_prefill": True, "min_wait_s": 5.0})
     try:
-        t, *_ = stream(late.url, req(31))
-        assert t >= 0.6 and late.counter("pdgate_prefill_first_tokens_total{") == 0
+        t = read_stream(late.url, req(31), timeout=30).first_s
+        assert t is not None and t >= 0.6 and late.counter("pdgate_prefill_first_tokens_total{") == 0
     finally:
         late.close()
     assert on.counter('pdgate_prefill_first_tokens_total{outcome="sent"}') == sent
@@ -131,11 +110,11 @@ def test_decode_failure_after_the_first_token_ends_with_an_sse_error(fleet: SimF
     dec = fleet.decode_urls[0]
     assert httpx.post(dec + "/sim/fault", json={"mode": "status", "status": 500, "count": 1}).status_code == 200
     try:
-        _, text, _, events = stream(on.url, req(40))
+        s = read_stream(on.url, req(40), timeout=30)
     finally:
         httpx.post(dec + "/sim/fault", json={"mode": None})
-    assert len(text.split()) == 1                       # the first token, then the error
-    assert events[-1]["error"]["code"] == 500
+    assert len(s.text.split()) == 1                     # the first token, then the error
+    assert s.errors == s.events[-1:] and s.events[-1]["error"]["code"] == 500
     # the instance counters are back to idle
     inst = httpx.get(on.url + "/health").json()["instances"]
     assert all(i["in_flight"] == 0 for i in inst)

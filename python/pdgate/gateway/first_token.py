@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdgate.gateway.legs import pop_sse_events
+
 _NO_STOP: tuple[Any, ...] = (None, "", [])
 
 
@@ -160,13 +162,10 @@ class SpliceFirstToken:
             return chunk
         self._buf += chunk
         out = bytearray()
-        while self.active:
-            end = self._buf.find(b"\n\n")
-            if end < 0:
+        for event in pop_sse_events(self._buf):
+            out += self._event(event + b"\n\n", now)
+            if not self.active:
                 break
-            event = bytes(self._buf[: end + 2])
-            del self._buf[: end + 2]
-            out += self._event(event, now)
         if not self.active:
             out += self._buf
             self._buf.clear()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from pdgate.fleet import Instance
 
@@ -30,6 +30,22 @@ class StreamStats:
     usage_tokens: int | None = None
 
 
+def pop_sse_events(buf: bytearray) -> Iterator[bytes]:
+    """Yield each complete SSE event at the head of ``buf`` and remove it from ``buf``.
+
+    An event ends at a blank line (``b"\\n\\n"``, as vLLM and pdgate write them); the
+    yielded bytes exclude that separator. An incomplete tail stays in ``buf``, as do the
+    events after the one a caller stopped at (each is removed just before it is yielded).
+    """
+    while True:
+        end = buf.find(b"\n\n")
+        if end < 0:
+            return
+        event = bytes(buf[:end])
+        del buf[: end + 2]
+        yield event
+
+
 def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
     """Consume complete SSE events from ``buf``, update ``stats``; returns new content chunks.
 
@@ -39,12 +55,7 @@ def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
     byte checks cannot classify it (usage chunks, unusual spacing).
     """
     new = 0
-    while True:
-        end = buf.find(b"\n\n")
-        if end < 0:
-            return new
-        event = bytes(buf[:end])
-        del buf[: end + 2]
+    for event in pop_sse_events(buf):
         for line in event.split(b"\n"):
             if not line.startswith(b"data:"):
                 continue
@@ -74,6 +85,7 @@ def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
             usage = obj.get("usage")
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 stats.usage_tokens = usage["completion_tokens"]
+    return new
 
 
 class DecodeLeg:
