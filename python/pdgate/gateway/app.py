@@ -144,6 +144,7 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             try:
                 yield
             finally:
+                await catalog.close()
                 await checker.stop()
                 await scraper.stop()
                 if discovery is not None:

@@ -3,15 +3,23 @@
 Used for ``GET /v1/models``, to refuse unknown models (404, as vLLM's
 ``NotFoundError``) and to learn each model's context length
 (``max_model_len``, vLLM's field on every model card) without asking an
-instance per request (the largest across instances serving the model). The cache is refreshed after ``ttl_s`` seconds, and at
-most every ``min_refresh_s`` seconds when a request names a model it does not
-know (an instance added since). When no instance answers, nothing is refused
-on these grounds (the gateway cannot know better than the instances).
+instance per request (the largest across instances serving the model).
+
+A hung instance must not stall requests: refreshes are single-flight (every
+caller joins the one in progress, so N requests arriving while an instance
+hangs wait one ``timeout_s``, not N of them in turn); a cache older than
+``ttl_s`` is served as is while it is refreshed in the background
+(stale-while-revalidate); a request naming a model the cache lacks (an
+instance added since) waits for a refresh at most every ``min_refresh_s``
+seconds; and when no instance answers, the last answer is kept and requests
+go on without refusals on these grounds (the gateway cannot know better than
+the instances), asking again at most every ``min_refresh_s`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -20,6 +28,8 @@ import httpx
 from pdgate.fleet import Fleet
 from pdgate.gateway.errors import GatewayError
 
+log = logging.getLogger(__name__)
+
 
 class ModelCatalog:
     """Cached union of the fleet's model cards.
@@ -27,8 +37,9 @@ class ModelCatalog:
     Args:
         fleet: the instances (read at every refresh).
         client: httpx client for ``/v1/models``.
-        ttl_s: age (seconds) after which the cache is refreshed on use.
-        min_refresh_s: shortest interval (seconds) between refreshes caused by unknown models.
+        ttl_s: age (seconds) after which the cache is refreshed in the background on use.
+        min_refresh_s: shortest interval (seconds) between two refreshes started by
+            requests (an unknown model, an empty or stale cache).
         timeout_s: per-instance timeout of a refresh (seconds).
     """
 
@@ -40,10 +51,13 @@ class ModelCatalog:
         self.min_refresh_s = min_refresh_s
         self.timeout_s = timeout_s
         self.models: dict[str, dict[str, Any]] = {}
-        self.fetched_at = 0.0
-        self._lock = asyncio.Lock()
+        self.fetched_at = 0.0               # last refresh that some instance answered (monotonic s)
+        self.attempted_at = -float("inf")   # last refresh started (monotonic s)
+        self.fetches = 0                    # GET /v1/models sent, all instances (for tests and debugging)
+        self._inflight: asyncio.Task[dict[str, dict[str, Any]]] | None = None
 
     async def _fetch(self, url: str) -> list[dict[str, Any]]:
+        self.fetches += 1
         try:
             r = await self.client.get(f"{url}/v1/models", timeout=self.timeout_s)
             data = r.json().get("data", []) if r.status_code == 200 else []
@@ -51,28 +65,56 @@ class ModelCatalog:
         except (httpx.HTTPError, ValueError, AttributeError):
             return []
 
-    async def refresh(self) -> dict[str, dict[str, Any]]:
-        """Fetch every instance's models now (concurrently); returns the union by id."""
-        async with self._lock:
-            results = await asyncio.gather(*(self._fetch(i.url) for i in self.fleet.instances))
-            merged: dict[str, dict[str, Any]] = {}
-            for data in results:
-                for m in data:
-                    card = merged.setdefault(m["id"], dict(m))
-                    # Instances may differ in context length (e.g. prefill
-                    # started with a smaller --max-model-len): the fleet can
-                    # serve up to the largest one; a prefill instance that
-                    # refuses a longer prompt (400) is a fallback, not an error.
-                    mine, theirs = self.max_model_len(card), self.max_model_len(m)
-                    if theirs is not None and (mine is None or theirs > mine):
-                        card["max_model_len"] = theirs
+    async def _refresh(self) -> dict[str, dict[str, Any]]:
+        self.attempted_at = time.monotonic()
+        results = await asyncio.gather(*(self._fetch(i.url) for i in self.fleet.instances))
+        merged: dict[str, dict[str, Any]] = {}
+        for data in results:
+            for m in data:
+                card = merged.setdefault(m["id"], dict(m))
+                # Instances may differ in context length (e.g. prefill
+                # started with a smaller --max-model-len): the fleet can
+                # serve up to the largest one; a prefill instance that
+                # refuses a longer prompt (400) is a fallback, not an error.
+                mine, theirs = self.max_model_len(card), self.max_model_len(m)
+                if theirs is not None and (mine is None or theirs > mine):
+                    card["max_model_len"] = theirs
+        if merged:  # no answer at all: keep what the fleet said last
             self.models = merged
             self.fetched_at = time.monotonic()
-            return merged
+        else:
+            log.warning("no instance answered GET /v1/models (%d instances)", len(self.fleet.instances))
+        return merged
+
+    def _start(self) -> asyncio.Task[dict[str, dict[str, Any]]]:
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._refresh())
+        return self._inflight
+
+    async def refresh(self) -> dict[str, dict[str, Any]]:
+        """Fetch every instance's models now (concurrently), or join the refresh already
+        in flight; returns the union by id (empty if no instance answered). A caller
+        cancelled while waiting does not cancel the refresh."""
+        return await asyncio.shield(self._start())
+
+    async def close(self) -> None:
+        """Cancel a refresh in flight (at gateway shutdown, before its client closes)."""
+        task, self._inflight = self._inflight, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def get(self) -> dict[str, dict[str, Any]]:
-        """The cached union, refreshed if older than ``ttl_s`` or empty."""
-        if not self.models or time.monotonic() - self.fetched_at > self.ttl_s:
+        """The cached union: as is while fresh; as is, with a background refresh
+        started, when older than ``ttl_s``; when empty, after a refresh (joined if
+        in flight, skipped if one started under ``min_refresh_s`` ago)."""
+        now = time.monotonic()
+        due = now - self.attempted_at >= self.min_refresh_s
+        if self.models:
+            if now - self.fetched_at > self.ttl_s and due:
+                self._start()
+            return self.models
+        if (self._inflight is not None and not self._inflight.done()) or due:
             await self.refresh()
         return self.models
 
@@ -86,8 +128,9 @@ class ModelCatalog:
         """
         models = await self.get()
         if model is not None and models and model not in models \
-                and time.monotonic() - self.fetched_at >= self.min_refresh_s:
-            models = await self.refresh()
+                and time.monotonic() - self.attempted_at >= self.min_refresh_s:
+            await self.refresh()
+            models = self.models
         if not models:
             return None
         if model is None:
