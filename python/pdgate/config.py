@@ -93,7 +93,7 @@ class TimeoutsConfig(_Strict):
 
 
 class UpstreamConfig(_Strict):
-    """HTTP client of the request legs (see :mod:`pdgate.gateway.upstream`).
+    """HTTP client of the request legs and the ``/metrics`` scrapes (see :mod:`pdgate.gateway.upstream`).
 
     Attributes:
         client: ``aiohttp`` (default; ~0.2 ms CPU per leg) or ``httpx``
@@ -510,6 +510,10 @@ class GatewayConfig(_Strict):
         prometheus_port: also serve ``/metrics`` on this port (vllm-router's
             ``--prometheus-port``); ``None``: only on the main port.
         log_level: root log level.
+        event_loop: the event loop ``pdgate serve`` runs on: ``uvloop``
+            (libuv; a dependency on Linux), ``asyncio`` (the standard
+            library's), or ``auto`` (uvloop when importable), as uvicorn's
+            ``--loop``.
         log_format: ``text`` or ``json`` (one JSON object per line with
             ``request_id`` and ``trace_id`` on lines logged for a request).
         discovery: instance discovery (static lists, Kubernetes pods).
@@ -552,6 +556,7 @@ class GatewayConfig(_Strict):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     policy: str | None = None
     prometheus_port: int | None = Field(default=None, ge=0, le=65535)
     log_format: Literal["text", "json"] = "text"

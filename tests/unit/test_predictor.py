@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdgate.config import PredictorConfig
 from pdgate.metrics import GatewayMetrics
@@ -115,3 +118,36 @@ def test_decode_token_budget_drives_deflection_but_not_the_pd_path() -> None:
     cfg = LatencyPredictor.from_config(PredictorConfig(profile="a100-dsv2-lite", decode_max_num_batched_tokens=1536,
                                                        decode_long_prefill_token_threshold=0))
     assert cfg.base.budget(on_decode=True) == (1536, 0) and cfg.base.budget() == (8192, 2048)
+
+
+def _ridge_from_scratch(obs: list[tuple[tuple[float, ...], float]], d: int, prior: float) -> list[float] | None:
+    """The ridge estimate rebuilt from the observations (what _RidgeToPrior computed before it kept sums)."""
+    from pdgate.predictor import _solve
+    n = len(obs)
+    a = [[sum(x[i] * x[j] for x, _ in obs) for j in range(d)] for i in range(d)]
+    b = [sum(x[i] * y for x, y in obs) for i in range(d)]
+    lam = prior * max(sum(a[i][i] for i in range(d)) / d / n, 1e-30)
+    for i in range(d):
+        a[i][i] += lam
+        b[i] += lam
+    w = _solve(a, b)
+    return None if w is None else [min(20.0, max(0.05, v)) for v in w]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.tuples(st.floats(1e-3, 2.0), st.floats(1e-3, 10.0), st.floats(0.0, 5.0)),
+                          st.floats(1e-4, 30.0)), min_size=4, max_size=90),
+       st.integers(4, 40))
+def test_ridge_kept_sums_match_a_rebuild_from_the_window(obs: list[Any], window: int) -> None:
+    """The fit keeps its normal-equation sums as observations enter and leave the window; its
+    estimate equals the one rebuilt from the window's observations, after any number of evictions."""
+    from pdgate.predictor import _RidgeToPrior
+    fit = _RidgeToPrior(3, window)
+    for x, y in obs:
+        fit.add(x, y)
+    kept = list(obs[-window:])
+    assert list(fit.obs) == kept
+    want = _ridge_from_scratch(kept, 3, fit.prior_weight)
+    got = fit.solve()
+    if want is not None:
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9)

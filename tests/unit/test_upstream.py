@@ -91,3 +91,42 @@ async def test_read_timeout_and_cut_stream_map_to_httpx_errors() -> None:
             async for _ in resp.aiter_raw():
                 pass
         assert resp.is_closed
+
+
+async def test_scraper_over_the_aiohttp_client_reads_gauges_and_marks_an_unreachable_instance() -> None:
+    """The gateway scrapes ``/metrics`` over this client (GET, a float timeout): the load gauges
+    land on the instance; a refused port counts scrape errors and marks it unhealthy after
+    ``UNHEALTHY_AFTER`` attempts, as over httpx."""
+    from pdgate.config import ScrapeConfig
+    from pdgate.fleet import Fleet, Instance
+    from pdgate.metrics import GatewayMetrics
+    from pdgate.state.scraper import UNHEALTHY_AFTER, MetricsScraper
+
+    paths: list[bytes] = []
+
+    async def h(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await r.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            paths.append(head.split(b" ")[0] + b" " + head.split(b" ")[1])
+            body = (b'vllm:num_requests_running{engine="0"} 3.0\nvllm:num_requests_running{engine="1"} 2.0\n'
+                    b'vllm:num_requests_waiting{engine="0"} 7.0\nvllm:kv_cache_usage_perc{engine="0"} 0.25\n')
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await w.drain()
+
+    server, url = await serve(h)
+    dead = f"http://127.0.0.1:{free_port()}"
+    live_inst, dead_inst = Instance(url=url, role="prefill"), Instance(url=dead, role="decode")
+    metrics = GatewayMetrics()
+    async with server, AiohttpLegClient(64) as c:
+        scraper = MetricsScraper(Fleet([live_inst, dead_inst]), c, ScrapeConfig(), metrics)
+        for _ in range(UNHEALTHY_AFTER):
+            await scraper.scrape_once()
+    assert paths and set(paths) == {b"GET /metrics"}
+    assert live_inst.scraped == {"num_requests_running": 5.0, "num_requests_waiting": 7.0,
+                                 "kv_cache_usage_perc": 0.25}
+    assert live_inst.healthy and live_inst.scrape_fresh(10.0)
+    assert not dead_inst.healthy and not dead_inst.scraped
+    assert metrics.scrape_errors.labels(dead)._value.get() == UNHEALTHY_AFTER

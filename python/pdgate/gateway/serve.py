@@ -17,7 +17,7 @@ import contextlib
 import logging
 import signal
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any, Callable, Coroutine, Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -115,7 +115,29 @@ async def serve_async(config: GatewayConfig, app: FastAPI | None = None) -> None
     await asyncio.gather(main.serve(), *(s.serve() for s in others))
 
 
+def event_loop_runner(name: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """What runs the gateway's main coroutine for ``config.event_loop``: ``uvloop.run``
+    (``uvloop`` or ``auto`` with uvloop installed) or ``asyncio.run``.
+
+    Raises:
+        ValueError: ``uvloop`` asked for and not installed.
+    """
+    if name != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if name == "uvloop":
+                raise ValueError("event_loop: uvloop is not installed (pip install uvloop)") from None
+        else:
+            return uvloop.run
+    return asyncio.run
+
+
 def serve(config: GatewayConfig) -> int:
-    """Run the gateway until drained after SIGTERM/SIGINT; returns the exit code (0)."""
-    asyncio.run(serve_async(config))
+    """Run the gateway until drained after SIGTERM/SIGINT; returns the exit code (0).
+
+    Raises:
+        ValueError: ``event_loop: uvloop`` without uvloop installed.
+    """
+    event_loop_runner(config.event_loop)(serve_async(config))
     return 0

@@ -122,6 +122,11 @@ class LegResponse:
 
         return json.loads(self.content)
 
+    @property
+    def text(self) -> str:
+        """The body read so far, decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.content.decode("utf-8", errors="replace")
+
     def _done(self) -> None:
         self.is_closed = True
         self._resp.release()  # a fully read body: the connection goes back to the pool
@@ -183,6 +188,16 @@ class AiohttpLegClient:
         """
         return await self.send(self.build_request("POST", url, content=content, headers=headers,
                                                   timeout=timeout))
+
+    async def get(self, url: str, *, headers: Mapping[str, str] | None = None,
+                  timeout: httpx.Timeout | float | None = None) -> LegResponse:
+        """GET and read the whole answer (``timeout`` in seconds applies to connect and to each read).
+
+        Raises:
+            httpx.TransportError: see the module doc.
+        """
+        t = httpx.Timeout(timeout) if isinstance(timeout, (int, float)) else timeout
+        return await self.send(self.build_request("GET", url, headers=headers, timeout=t))
 
     async def aclose(self) -> None:
         await self._session.close()

@@ -66,14 +66,15 @@ class MetricsScraper(BackgroundLoop):
 
     Args:
         fleet: the instances.
-        client: shared httpx client.
+        client: an ``httpx.AsyncClient``, or a :class:`pdgate.gateway.upstream.AiohttpLegClient`
+            (same ``get`` surface, raises httpx's errors).
         config: interval and staleness.
         metrics: gateway metrics (errors and staleness export), optional.
     """
 
     task_name = "pdgate-scraper"
 
-    def __init__(self, fleet: Fleet, client: httpx.AsyncClient, config: ScrapeConfig,
+    def __init__(self, fleet: Fleet, client: Any, config: ScrapeConfig,
                  metrics: Any = None) -> None:
         self.fleet = fleet
         self.client = client
