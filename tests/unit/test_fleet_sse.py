@@ -48,3 +48,17 @@ def test_unicode_line_breaks_inside_token_text_do_not_split_events() -> None:
     buf = bytearray(raw)
     assert scan_sse_events(buf, stats, 1.0) == 3
     assert stats.tokens == 3 and not buf
+
+
+def test_null_usage_is_no_usage_and_a_real_one_is_still_read() -> None:
+    """Servers that write ``"usage": null`` on every content chunk (vLLM's continuous-usage
+    off, other OpenAI-compatible servers) take the byte fast path; the final usage still counts."""
+    chunks = [ev({"choices": [{"index": 0, "text": "a"}], "usage": None}),
+              b'data: {"choices": [{"index": 0, "text": "\\"usage\\": 7"}], "usage": null}\n\n',
+              ev({"choices": [{"index": 0, "text": "c", "finish_reason": "length"}],
+                  "usage": {"completion_tokens": 3}}),
+              b"data: [DONE]\n\n"]
+    stats = StreamStats(arrival=0.0)
+    buf = bytearray(b"".join(chunks))
+    assert scan_sse_events(buf, stats, 1.0) == 3
+    assert stats.tokens == 3 and stats.usage_tokens == 3 and not buf

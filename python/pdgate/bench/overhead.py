@@ -2,7 +2,9 @@
 
 Backends (``python -m pdgate.sim.fixed``, one prefill and one decode, each its
 own process) answer at once, so what is measured is the router: two hops per
-request (prefill leg, then decode leg), non-streamed ``/v1/completions``.
+request (prefill leg, then decode leg), ``/v1/completions`` non-streamed and
+streamed (``--stream-tokens`` SSE events per answer, one chunk each,
+``--itl-ms`` apart: the router relays them one by one, as it does vLLM's).
 A raw asyncio HTTP/1.1 keep-alive client holds ``concurrency`` requests in
 flight for ``--duration`` seconds per point and records req/s and latency.
 The baseline row sends the same two legs straight to the backends; added
@@ -36,6 +38,14 @@ from pdgate.sim.report import overhead_markdown
 
 HERE = bench_dir()  # the repository's bench/ (results, default trace paths)
 BODY = json.dumps({"model": "sim-model", "prompt": "hello world", "max_tokens": 8, "stream": False}).encode()
+STREAM_TOKENS = 16
+
+
+def stream_body(tokens: int) -> bytes:
+    """A streamed completion request of ``tokens`` tokens."""
+    return json.dumps({"model": "sim-model", "prompt": "hello world", "max_tokens": tokens, "stream": True}).encode()
+
+
 PREFILL_BODY = json.dumps({"model": "sim-model", "prompt": "hello world", "max_tokens": 1, "stream": False,
                            "kv_transfer_params": {"do_remote_decode": True}}).encode()
 
@@ -105,11 +115,23 @@ def measure(legs: list[tuple[str, int, bytes]], concurrency: int, duration: floa
             "errors": len(errs)}
 
 
+def _with_tokens(r: dict[str, Any], mode: str, tokens: int) -> dict[str, Any]:
+    """``r`` with its mode and, for streamed points, the tokens relayed per second."""
+    r["mode"] = mode
+    if mode != "json":
+        r["tokens_per_s"] = r["rps"] * tokens
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 s per point")
     ap.add_argument("--duration", type=float, help="seconds per point (default 10, quick 3)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--stream-concurrency", type=int, nargs="*", default=[1, 32],
+                    help="concurrencies of the streamed points (none: no streamed points)")
+    ap.add_argument("--stream-tokens", type=int, default=STREAM_TOKENS, help="tokens per streamed answer")
+    ap.add_argument("--itl-ms", type=float, default=2.0, help="backends' gap between streamed tokens (ms)")
     ap.add_argument("--router-cpus", default="0")
     ap.add_argument("--other-cpus", default="1")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -127,19 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     backends = []
     ports = {"prefill": free_port(), "decode": free_port()}
     for role, port in ports.items():
-        p = Proc([sys.executable, "-m", "pdgate.sim.fixed", "--port", str(port)],
+        p = Proc([sys.executable, "-m", "pdgate.sim.fixed", "--port", str(port), "--itl-ms", str(args.itl_ms)],
                  os.path.join(log_dir, f"fixed-{role}.log"), cpus=oc)
         backends.append(p)
         wait_ready(f"http://127.0.0.1:{port}", p, 30)
     urls = {"prefill": [f"http://127.0.0.1:{ports['prefill']}"], "decode": [f"http://127.0.0.1:{ports['decode']}"]}
     runs: list[dict[str, Any]] = []
     try:
-        base: dict[int, dict[str, Any]] = {}
-        for c in args.concurrency:
+        sbody = stream_body(args.stream_tokens)
+        points = [("json", c, BODY) for c in args.concurrency] + \
+                 [(f"stream {args.stream_tokens} tok", c, sbody) for c in args.stream_concurrency]
+        base: dict[tuple[str, int], dict[str, Any]] = {}
+        for mode, c, payload in points:
             legs = [("127.0.0.1", ports["prefill"], _req("127.0.0.1", ports["prefill"], "/v1/completions", PREFILL_BODY)),
-                    ("127.0.0.1", ports["decode"], _req("127.0.0.1", ports["decode"], "/v1/completions", BODY))]
-            base[c] = measure(legs, c, duration, 1.0)
-            runs.append({"router": "baseline (client sends both legs)", **base[c]})
+                    ("127.0.0.1", ports["decode"], _req("127.0.0.1", ports["decode"], "/v1/completions", payload))]
+            base[mode, c] = _with_tokens(measure(legs, c, duration, 1.0), mode, args.stream_tokens)
+            runs.append({"router": "baseline (client sends both legs)", **base[mode, c]})
             print(runs[-1], flush=True)
         specs = [RouterSpec("vllm-router", "vllm-router", "pd",
                             {"policy": "round_robin", "max_concurrent_requests": 4096, "queue_size": 4096}),
@@ -148,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             proc, url = start_router(spec, urls, log_dir, cpus=rc)
             port = int(url.rsplit(":", 1)[1])
             try:
-                for c in args.concurrency:
-                    legs = [("127.0.0.1", port, _req("127.0.0.1", port, "/v1/completions", BODY))]
-                    r = measure(legs, c, duration, 1.0)
-                    r.update(router=spec.label, added_p50_ms=r["p50_ms"] - base[c]["p50_ms"],
-                             added_p99_ms=r["p99_ms"] - base[c]["p99_ms"])
+                for mode, c, payload in points:
+                    legs = [("127.0.0.1", port, _req("127.0.0.1", port, "/v1/completions", payload))]
+                    r = _with_tokens(measure(legs, c, duration, 1.0), mode, args.stream_tokens)
+                    b = base[mode, c]
+                    r.update(router=spec.label, added_p50_ms=r["p50_ms"] - b["p50_ms"],
+                             added_p99_ms=r["p99_ms"] - b["p99_ms"])
                     runs.append(r)
                     print(r, flush=True)
             finally:
@@ -163,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"meta": {"command": " ".join(["bench/overhead.py", *(argv or sys.argv[1:])]), "started_utc": started,
                     "duration_s": duration, "ncpu": os.cpu_count(),
                     "cpus": {"router": args.router_cpus, "backends": args.other_cpus, "client": args.other_cpus},
-                    "backend": "pdgate.sim.fixed (asyncio, fixed JSON), 1 prefill + 1 decode, separate processes",
+                    "backend": "pdgate.sim.fixed (asyncio, fixed JSON or a fixed SSE stream), 1 prefill + 1 decode, "
+                               "separate processes",
+                    "stream_tokens": args.stream_tokens, "itl_ms": args.itl_ms,
                     "vllm_router_flags": "--policy round_robin --max-concurrent-requests 4096 --queue-size 4096",
                     "logs": log_dir},
            "runs": runs}

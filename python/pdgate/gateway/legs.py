@@ -52,7 +52,8 @@ def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
     Counts content chunks (events whose ``choices`` is non-empty) as tokens
     and reads ``usage.completion_tokens`` when the stream carries usage.
     Hot path (once per token): an event is JSON-parsed only when the cheap
-    byte checks cannot classify it (usage chunks, unusual spacing).
+    byte checks cannot classify it (usage chunks, unusual spacing); a
+    ``"usage": null`` field is no usage.
     """
     new = 0
     for event in pop_sse_events(buf):
@@ -62,7 +63,7 @@ def scan_sse_events(buf: bytearray, stats: StreamStats, now: float) -> int:
             data = line[5:].strip()
             if data == b"[DONE]" or not data:
                 continue
-            if b'"usage"' not in data:
+            if b'"usage"' not in data or b'"usage":null' in data or b'"usage": null' in data:
                 if b'"choices":[{' in data or b'"choices": [{' in data:
                     stats.tokens += 1
                     new += 1

@@ -5,7 +5,10 @@
 (a prefill-leg request, ``kv_transfer_params.do_remote_decode``, also gets
 ``kv_transfer_params`` back so the router proceeds to the decode leg), and
 ``GET /health``, ``/v1/models``, ``/metrics``, ``/get_load`` with constants.
-No model, no scheduling: what remains is the router's own cost.
+A ``"stream": true`` request gets ``max_tokens`` SSE events (one chunk each,
+``--itl-ms`` apart, so a router reads them one by one as it would from vLLM)
+and ``data: [DONE]``. No model, no scheduling: what remains is the router's
+own cost.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import argparse
 import asyncio
 import json
 
-from pdgate.sim.http import Conn, HttpRequest, Response, start_server
+from typing import AsyncIterator
+
+from pdgate.sim.http import Conn, HttpRequest, Response, StreamResponse, start_server
 
 _COMPLETION = {"id": "cmpl-fixed", "object": "text_completion", "created": 0, "model": "sim-model",
                "choices": [{"index": 0, "text": " ok", "logprobs": None, "finish_reason": "length",
@@ -32,10 +37,33 @@ METRICS = (b'vllm:num_requests_running{model_name="sim-model"} 0\n'
            b'vllm:kv_cache_usage_perc{model_name="sim-model"} 0\n')
 
 
-async def handle(req: HttpRequest, conn: Conn) -> Response:
+# a content chunk carries no usage (vLLM leaves the field out unless continuous usage stats are asked for)
+_EVENT = b"data: " + json.dumps({k: v for k, v in _COMPLETION.items() if k != "usage"}
+                                | {"choices": [{**_COMPLETION["choices"][0], "finish_reason": None}]}).encode() + b"\n\n"
+_LAST = b"data: " + json.dumps(_COMPLETION).encode() + b"\n\ndata: [DONE]\n\n"
+#: Seconds between two streamed tokens (``--itl-ms``).
+ITL_S = 0.002
+
+
+async def _tokens(n: int) -> AsyncIterator[bytes]:
+    for _ in range(max(0, n - 1)):
+        yield _EVENT
+        await asyncio.sleep(ITL_S)
+    yield _LAST
+
+
+async def handle(req: HttpRequest, conn: Conn) -> Response | StreamResponse:
     if req.method == "POST":
-        return Response(200, PREFILL_BODY if b'"do_remote_decode": true' in req.body.replace(b'":true', b'": true')
-                        else BODY)
+        body = req.body.replace(b'":true', b'": true')
+        if b'"do_remote_decode": true' in body:
+            return Response(200, PREFILL_BODY)
+        if b'"stream": true' in body:
+            try:
+                n = int(json.loads(req.body).get("max_tokens") or 16)
+            except (ValueError, TypeError, AttributeError):
+                n = 16
+            return StreamResponse(_tokens(n))
+        return Response(200, BODY)
     if req.path == "/v1/models":
         return Response(200, MODELS)
     if req.path == "/metrics":
@@ -49,7 +77,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--itl-ms", type=float, default=2.0, help="milliseconds between streamed tokens")
     args = ap.parse_args()
+    global ITL_S
+    ITL_S = args.itl_ms / 1000.0
 
     async def run() -> None:
         server = await start_server(handle, args.host, args.port)

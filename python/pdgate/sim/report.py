@@ -238,10 +238,15 @@ def overhead_markdown(doc: dict[str, Any]) -> str:
         "Added latency = latency through the router minus the latency of the same two legs sent "
         "directly by the client (baseline row).",
         "",
-        "| router | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "Streamed points: the decode leg answers with "
+        f"{meta.get('stream_tokens', '-')} SSE events, one chunk each, {meta.get('itl_ms', '-')} ms apart; "
+        "tok/s = tokens relayed to the client per second.",
+        "",
+        "| router | mode | concurrency | req/s | tok/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["runs"]:
-        lines.append(f"| {r['router']} | {r['concurrency']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+        lines.append(f"| {r['router']} | {r.get('mode', 'json')} | {r['concurrency']} | {r['rps']:.0f} "
+                     f"| {_f(r.get('tokens_per_s'), 0)} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
                      f"| {_f(r.get('added_p50_ms'), 2)} | {_f(r.get('added_p99_ms'), 2)} | {r['errors']} |")
     return "\n".join(lines) + "\n"
