@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                 for mode, c, payload in points:
                     legs = [("127.0.0.1", port, _req("127.0.0.1", port, "/v1/completions", payload))]
                     r = _with_tokens(measure(legs, c, duration, 1.0), mode, args.stream_tokens)
-                    b = base[mode, c]
-                    r.update(router=spec.label, added_p50_ms=r["p50_ms"] - b["p50_ms"],
-                             added_p99_ms=r["p99_ms"] - b["p99_ms"])
+                    ref = base[mode, c]
+                    r.update(router=spec.label, added_p50_ms=r["p50_ms"] - ref["p50_ms"],
+                             added_p99_ms=r["p99_ms"] - ref["p99_ms"])
                     runs.append(r)
                     print(r, flush=True)
             finally:

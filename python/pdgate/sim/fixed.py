@@ -17,11 +17,11 @@ import argparse
 import asyncio
 import json
 
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from pdgate.sim.http import Conn, HttpRequest, Response, StreamResponse, start_server
 
-_COMPLETION = {"id": "cmpl-fixed", "object": "text_completion", "created": 0, "model": "sim-model",
+_COMPLETION: dict[str, Any] = {"id": "cmpl-fixed", "object": "text_completion", "created": 0, "model": "sim-model",
                "choices": [{"index": 0, "text": " ok", "logprobs": None, "finish_reason": "length",
                             "stop_reason": None}],
                "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}}
