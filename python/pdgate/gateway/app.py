@@ -105,25 +105,22 @@ def create_app(config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | N
             client = await stack.enter_async_context(
                 httpx.AsyncClient(limits=limits, transport=transport, timeout=timeout))
             up = config.upstream
-            per_instance: dict[str, Any] = {}
-            for i in fleet.instances:
-                if up.client == "aiohttp" and transport is None:  # tests inject an httpx transport
-                    per_instance[i.url] = await stack.enter_async_context(
-                        AiohttpLegClient(up.max_connections, up.keepalive_s))
-                else:
-                    per_instance[i.url] = await stack.enter_async_context(httpx.AsyncClient(
-                        limits=httpx.Limits(max_connections=up.max_connections, max_keepalive_connections=256,
-                                            keepalive_expiry=up.keepalive_s),
-                        transport=transport, timeout=timeout))
+
+            async def fast_client(max_connections: int, keepalive: int) -> Any:
+                """A pool for a hot path (legs, scrapes): aiohttp per ``upstream.client``
+                (pdgate.gateway.upstream), else httpx (and always when tests inject a transport)."""
+                if up.client == "aiohttp" and transport is None:
+                    return await stack.enter_async_context(AiohttpLegClient(max_connections, up.keepalive_s))
+                return await stack.enter_async_context(httpx.AsyncClient(
+                    limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=keepalive,
+                                        keepalive_expiry=up.keepalive_s),
+                    transport=transport, timeout=timeout))
+
+            per_instance: dict[str, Any] = {i.url: await fast_client(up.max_connections, 256)
+                                            for i in fleet.instances}
             # Scrapes run every instance's /metrics every interval (10/s each by default), loaded or
-            # not: over aiohttp they cost a fraction of httpx's CPU (pdgate.gateway.upstream).
-            scrape_client: Any
-            if up.client == "aiohttp" and transport is None:
-                scrape_client = await stack.enter_async_context(AiohttpLegClient(64, up.keepalive_s))
-            else:
-                scrape_client = await stack.enter_async_context(
-                    httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-                                      transport=transport, timeout=timeout))
+            # not: over aiohttp they cost a fraction of httpx's CPU.
+            scrape_client = await fast_client(64, 64)
             health_client = await stack.enter_async_context(
                 httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
                                   transport=transport, timeout=timeout))

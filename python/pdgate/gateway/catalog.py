@@ -86,6 +86,10 @@ class ModelCatalog:
             log.warning("no instance answered GET /v1/models (%d instances)", len(self.fleet.instances))
         return merged
 
+    def _due(self, now: float) -> bool:
+        """Whether a request may start a refresh (none started under ``min_refresh_s`` ago)."""
+        return now - self.attempted_at >= self.min_refresh_s
+
     def _start(self) -> asyncio.Task[dict[str, dict[str, Any]]]:
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.ensure_future(self._refresh())
@@ -109,7 +113,7 @@ class ModelCatalog:
         started, when older than ``ttl_s``; when empty, after a refresh (joined if
         in flight, skipped if one started under ``min_refresh_s`` ago)."""
         now = time.monotonic()
-        due = now - self.attempted_at >= self.min_refresh_s
+        due = self._due(now)
         if self.models:
             if now - self.fetched_at > self.ttl_s and due:
                 self._start()
@@ -128,7 +132,7 @@ class ModelCatalog:
         """
         models = await self.get()
         if model is not None and models and model not in models \
-                and time.monotonic() - self.attempted_at >= self.min_refresh_s:
+                and self._due(time.monotonic()):
             await self.refresh()
             models = self.models
         if not models:
